@@ -1,0 +1,247 @@
+// GgufWriter: metadata, tensor infos, aligned data; written to a temporary
+// file beside the destination and renamed into place only when complete.
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "barata/error.h"
+#include "barata/gguf.h"
+
+namespace barata {
+namespace {
+
+constexpr uint32_t kMagic = 0x46554747;
+
+uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+// Where emitted bytes go: a buffered file descriptor or a byte vector.
+class FdSink {
+ public:
+  FdSink(int fd, std::string path) : fd_(fd), path_(std::move(path)) { buf_.reserve(kBuf); }
+  void put(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    if (n >= kBuf) {
+      flush();
+      write_all(b, n);
+      return;
+    }
+    if (buf_.size() + n > kBuf) flush();
+    buf_.insert(buf_.end(), b, b + n);
+  }
+  void flush() {
+    write_all(buf_.data(), buf_.size());
+    buf_.clear();
+  }
+
+ private:
+  static constexpr size_t kBuf = 1 << 20;
+  void write_all(const uint8_t* p, size_t n) {
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        fail("{}: write failed: {}", path_, std::strerror(errno));
+      }
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+  }
+  int fd_;
+  std::string path_;
+  std::vector<uint8_t> buf_;
+};
+
+class VecSink {
+ public:
+  void put(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    out.insert(out.end(), b, b + n);
+  }
+  std::vector<uint8_t> out;
+};
+
+template <typename Sink, typename T>
+void put(Sink& s, T v) {
+  s.put(&v, sizeof v);
+}
+
+template <typename Sink>
+void put_string(Sink& s, const std::string& str) {
+  put<Sink, uint64_t>(s, str.size());
+  s.put(str.data(), str.size());
+}
+
+template <typename Sink>
+void put_value(Sink& s, const GgufValue& v) {
+  std::visit(
+      [&](const auto& x) {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          put_string(s, x);
+        } else if constexpr (std::is_same_v<T, GgufArray>) {
+          put<Sink, uint32_t>(s, static_cast<uint32_t>(x.elem_type));
+          put<Sink, uint64_t>(s, x.items.size());
+          for (const auto& item : x.items) {
+            if (item.type() != x.elem_type)
+              fail("GGUF writer: array of {} holds a {}", gguf_type_name(x.elem_type),
+                   item.type_name());
+            put_value(s, item);
+          }
+        } else if constexpr (std::is_same_v<T, bool>) {
+          put<Sink, uint8_t>(s, x ? 1 : 0);
+        } else {
+          put<Sink, T>(s, x);
+        }
+      },
+      v.v);
+}
+
+}  // namespace
+
+GgufWriter::GgufWriter(uint32_t alignment) : alignment_(alignment) {
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0)
+    fail("GGUF writer: alignment {} is not a power of two", alignment);
+  if (alignment != 32) set("general.alignment", GgufValue(alignment));
+}
+
+GgufWriter GgufWriter::from(const GgufFile& src) {
+  GgufWriter w(src.alignment());
+  for (const auto& [k, v] : src.metadata()) w.set(k, v);
+  w.protect(src.name());
+  return w;
+}
+
+void GgufWriter::set(const std::string& key, GgufValue value) {
+  for (auto& kv : kv_) {
+    if (kv.first == key) {
+      kv.second = std::move(value);
+      return;
+    }
+  }
+  kv_.emplace_back(key, std::move(value));
+}
+
+void GgufWriter::remove(const std::string& key) {
+  std::erase_if(kv_, [&](const auto& kv) { return kv.first == key; });
+}
+
+void GgufWriter::add_tensor(const std::string& name, DType type, std::vector<int64_t> shape,
+                            const void* data) {
+  if (shape.empty() || shape.size() > 4)
+    fail("GGUF writer: tensor {} has {} dimensions, expected 1 to 4", name, shape.size());
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 1) fail("GGUF writer: tensor {} has dimension {}", name, d);
+    n *= d;
+  }
+  if (shape[0] % dtype_traits(type).block_size != 0)
+    fail("GGUF writer: tensor {}: row length {} is not a multiple of the {} block size {}", name,
+         shape[0], dtype_name(type), dtype_traits(type).block_size);
+  for (const auto& t : tensors_)
+    if (t.name == name) fail("GGUF writer: duplicate tensor name {}", name);
+  tensors_.push_back(
+      {name, type, std::move(shape), static_cast<const uint8_t*>(data), dtype_bytes(type, n), {}});
+}
+
+void GgufWriter::add_tensor(const std::string& name, DType type, std::vector<int64_t> shape,
+                            std::vector<uint8_t> owned) {
+  auto buf = std::make_shared<std::vector<uint8_t>>(std::move(owned));
+  add_tensor(name, type, std::move(shape), buf->data());
+  if (tensors_.back().n_bytes != buf->size()) {
+    const size_t want = tensors_.back().n_bytes;
+    tensors_.pop_back();
+    fail("GGUF writer: tensor {} needs {} bytes, {} given", name, want, buf->size());
+  }
+  tensors_.back().owned = std::move(buf);
+}
+
+template <typename Sink>
+void GgufWriter::emit(Sink& s) const {
+  put<Sink, uint32_t>(s, kMagic);
+  put<Sink, uint32_t>(s, version_);
+  put<Sink, uint64_t>(s, tensors_.size());
+  put<Sink, uint64_t>(s, kv_.size());
+  uint64_t pos = 24;
+  VecSink head;  // metadata + infos, to learn where the data section starts
+  for (const auto& [k, v] : kv_) {
+    put_string(head, k);
+    put<VecSink, uint32_t>(head, static_cast<uint32_t>(v.type()));
+    put_value(head, v);
+  }
+  uint64_t offset = 0;
+  for (const auto& t : tensors_) {
+    put_string(head, t.name);
+    put<VecSink, uint32_t>(head, static_cast<uint32_t>(t.shape.size()));
+    for (int64_t d : t.shape) put<VecSink, uint64_t>(head, static_cast<uint64_t>(d));
+    put<VecSink, uint32_t>(head, static_cast<uint32_t>(t.type));
+    put<VecSink, uint64_t>(head, offset);
+    offset = align_up(offset + t.n_bytes, alignment_);
+  }
+  s.put(head.out.data(), head.out.size());
+  pos += head.out.size();
+  static const std::vector<uint8_t> zeros(1 << 16, 0);
+  auto pad = [&](uint64_t to) {
+    while (pos < to) {
+      const uint64_t n = std::min<uint64_t>(to - pos, zeros.size());
+      s.put(zeros.data(), n);
+      pos += n;
+    }
+  };
+  pad(align_up(pos, alignment_));
+  for (const auto& t : tensors_) {
+    s.put(t.data, t.n_bytes);
+    pos += t.n_bytes;
+    pad(align_up(pos, alignment_));
+  }
+}
+
+std::vector<uint8_t> GgufWriter::to_bytes() const {
+  VecSink s;
+  emit(s);
+  return std::move(s.out);
+}
+
+void GgufWriter::write(const std::filesystem::path& out) const {
+  namespace fs = std::filesystem;
+  if (version_ != 2 && version_ != 3) fail("GGUF writer: version {} is not 2 or 3", version_);
+  std::error_code ec;
+  for (const auto& in : protected_) {
+    if (fs::exists(out, ec) && fs::equivalent(out, in, ec))
+      fail("{}: refusing to overwrite the input file", out.string());
+  }
+  const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  std::string tmpl = (dir / ("." + out.filename().string() + ".tmp-XXXXXX")).string();
+  const int fd = ::mkstemp(tmpl.data());
+  if (fd < 0) fail("{}: cannot create a temporary file in {}: {}", out.string(), dir.string(), std::strerror(errno));
+  bool fd_open = true;
+  try {
+    FdSink sink(fd, tmpl);
+    emit(sink);
+    sink.flush();
+    if (::fsync(fd) != 0) fail("{}: fsync failed: {}", tmpl, std::strerror(errno));
+    if (::fchmod(fd, 0644) != 0) fail("{}: chmod failed: {}", tmpl, std::strerror(errno));
+    fd_open = false;  // close() releases the descriptor even when it reports an error
+    if (::close(fd) != 0) fail("{}: close failed: {}", tmpl, std::strerror(errno));
+  } catch (...) {
+    if (fd_open) ::close(fd);
+    ::unlink(tmpl.c_str());
+    throw;
+  }
+  if (::rename(tmpl.c_str(), out.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmpl.c_str());
+    fail("{}: cannot rename the finished file into place: {}", out.string(), std::strerror(e));
+  }
+  // Make the rename itself durable.
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+}  // namespace barata

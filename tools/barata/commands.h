@@ -1,0 +1,17 @@
+// Each subcommand registers itself on the root app and returns its runner.
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace barata::cli {
+
+struct Command {
+  CLI::App* sub;             // the parsed() flag says whether it was chosen
+  std::function<int()> run;  // its exit status
+};
+
+Command add_inspect(CLI::App& app);
+
+}  // namespace barata::cli

@@ -1,0 +1,213 @@
+// barata inspect FILE: header, metadata, tensor table, totals per type and the
+// model shape, as text or (--json) as one JSON document.
+#include <map>
+#include <memory>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "barata/error.h"
+#include "barata/gguf.h"
+#include "barata/model_config.h"
+#include "commands.h"
+
+namespace barata::cli {
+namespace {
+
+using nlohmann::json;
+
+constexpr size_t kArrayPreview = 8;  // items shown of a long array
+
+json value_json(const GgufValue& v, size_t max_items) {
+  return std::visit(
+      [&](const auto& x) -> json {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, GgufArray>) {
+          json items = json::array();
+          for (size_t i = 0; i < x.items.size() && i < max_items; ++i)
+            items.push_back(value_json(x.items[i], max_items));
+          return items;
+        } else {  // strings may hold invalid UTF-8: every dump() uses the replace handler
+          return json(x);
+        }
+      },
+      v.v);
+}
+
+std::string value_text(const GgufValue& v) {
+  if (const auto* a = std::get_if<GgufArray>(&v.v)) {
+    std::string s = "[";
+    for (size_t i = 0; i < a->items.size() && i < kArrayPreview; ++i) {
+      if (i) s += ", ";
+      s += value_text(a->items[i]);
+    }
+    if (a->items.size() > kArrayPreview) s += ", ...";
+    return s + fmt::format("] ({} items)", a->items.size());
+  }
+  if (const auto* s = std::get_if<std::string>(&v.v)) {
+    std::string one = json(*s).dump(-1, ' ', false, json::error_handler_t::replace);
+    if (one.size() > 120) one = one.substr(0, 117) + "...";
+    return one;
+  }
+  return value_json(v, 0).dump();
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? " x " : "") + std::to_string(shape[i]);
+  return s;
+}
+
+struct TypeTotal {
+  int64_t n_tensors = 0;
+  int64_t n_elements = 0;
+  uint64_t n_bytes = 0;
+};
+
+json build(const GgufFile& f) {
+  json j;
+  j["file"] = f.name();
+  j["version"] = f.version();
+  j["file_bytes"] = f.file_size();
+  j["alignment"] = f.alignment();
+  j["data_offset"] = f.data_offset();
+  json meta = json::array();
+  for (const auto& [k, v] : f.metadata()) {
+    json e = {{"key", k}, {"type", v.type_name()}, {"value", value_json(v, kArrayPreview)}};
+    if (const auto* a = std::get_if<GgufArray>(&v.v)) e["count"] = a->items.size();
+    meta.push_back(std::move(e));
+  }
+  j["metadata"] = std::move(meta);
+  json tensors = json::array();
+  std::map<std::string, TypeTotal> totals;
+  TypeTotal all;
+  for (const auto& t : f.tensors()) {
+    tensors.push_back({{"name", t.name}, {"type", dtype_name(t.type)}, {"shape", t.shape},
+                       {"n_elements", t.n_elements}, {"bytes", t.n_bytes},
+                       {"offset", f.data_offset() + t.offset}});
+    for (TypeTotal* tt : {&totals[dtype_name(t.type)], &all}) {
+      tt->n_tensors += 1;
+      tt->n_elements += t.n_elements;
+      tt->n_bytes += t.n_bytes;
+    }
+  }
+  j["tensors"] = std::move(tensors);
+  auto total_json = [](const TypeTotal& t) {
+    return json{{"tensors", t.n_tensors}, {"elements", t.n_elements}, {"bytes", t.n_bytes},
+                {"bits_per_weight", t.n_elements ? 8.0 * t.n_bytes / t.n_elements : 0.0}};
+  };
+  json by_type = json::object();
+  for (const auto& [name, t] : totals) by_type[name] = total_json(t);
+  j["totals"] = {{"by_type", by_type}, {"all", total_json(all)}};
+
+  const std::string arch = f.get_or<std::string>("general.architecture", "");
+  const auto& archs = ModelConfig::supported_architectures();
+  if (std::find(archs.begin(), archs.end(), arch) != archs.end()) {
+    const ModelConfig c = ModelConfig::from_gguf(f);
+    j["model"] = {{"arch", c.arch},
+                  {"n_layer", c.n_layer},
+                  {"d_model", c.d_model},
+                  {"n_head", c.n_head},
+                  {"n_head_kv", c.n_head_kv},
+                  {"head_dim", c.head_dim},
+                  {"d_ff", c.d_ff},
+                  {"n_ctx_train", c.n_ctx_train},
+                  {"n_vocab", c.n_vocab},
+                  {"rope_base", c.rope_base},
+                  {"rope_dims", c.rope_dims},
+                  {"rope_style", c.rope_style == RopeStyle::kNeox ? "neox" : "normal"},
+                  {"norm_eps", c.norm_eps},
+                  {"tied_embeddings", c.tied_embeddings},
+                  {"qkv_bias", c.qkv_bias},
+                  {"kv_bytes_per_token_f16", c.kv_bytes_per_token()}};
+  }
+  return j;
+}
+
+std::string human_bytes(uint64_t b) {
+  if (b >= (1ull << 30)) return fmt::format("{:.2f} GiB", b / double(1ull << 30));
+  if (b >= (1ull << 20)) return fmt::format("{:.2f} MiB", b / double(1ull << 20));
+  if (b >= (1ull << 10)) return fmt::format("{:.2f} KiB", b / double(1ull << 10));
+  return fmt::format("{} B", b);
+}
+
+void print_text(const GgufFile& f, const json& j, bool show_tensors) {
+  fmt::print("file: {}\n", f.name());
+  fmt::print("  GGUF v{}, {} ({} bytes), alignment {}, tensor data at byte {}\n", f.version(),
+             human_bytes(f.file_size()), f.file_size(), f.alignment(), f.data_offset());
+  fmt::print("\nmetadata ({} keys):\n", f.metadata().size());
+  size_t w = 0;
+  for (const auto& [k, v] : f.metadata()) w = std::max(w, k.size());
+  for (const auto& [k, v] : f.metadata())
+    fmt::print("  {:<{}}  {:<14} {}\n", k, w, v.type_name(), value_text(v));
+
+  fmt::print("\ntensors ({}):\n", f.tensors().size());
+  if (show_tensors) {
+    size_t nw = 4;
+    for (const auto& t : f.tensors()) nw = std::max(nw, t.name.size());
+    fmt::print("  {:<{}}  {:<6} {:>22} {:>12} {:>12}\n", "name", nw, "type", "shape", "bytes",
+               "offset");
+    for (const auto& t : f.tensors())
+      fmt::print("  {:<{}}  {:<6} {:>22} {:>12} {:>12}\n", t.name, nw, dtype_name(t.type),
+                 shape_text(t.shape), t.n_bytes, f.data_offset() + t.offset);
+  } else {
+    fmt::print("  (table hidden by --no-tensors)\n");
+  }
+  fmt::print("\ntotals by type:\n");
+  fmt::print("  {:<6} {:>8} {:>14} {:>14} {:>10}\n", "type", "tensors", "elements", "bytes",
+             "bits/w");
+  auto row = [](const std::string& name, const json& t) {
+    fmt::print("  {:<6} {:>8} {:>14} {:>14} {:>10.4f}\n", name, t["tensors"].get<int64_t>(),
+               t["elements"].get<int64_t>(), t["bytes"].get<uint64_t>(),
+               t["bits_per_weight"].get<double>());
+  };
+  for (const auto& [name, t] : j["totals"]["by_type"].items()) row(name, t);
+  row("all", j["totals"]["all"]);
+  fmt::print("  parameters: {:.2f} M, tensor data: {}\n",
+             j["totals"]["all"]["elements"].get<int64_t>() / 1e6,
+             human_bytes(j["totals"]["all"]["bytes"].get<uint64_t>()));
+
+  if (j.contains("model")) {
+    const json& m = j["model"];
+    fmt::print("\nmodel ({}):\n", m["arch"].get<std::string>());
+    fmt::print("  layers {}, d_model {}, heads {} / kv heads {}, head dim {}, d_ff {}\n",
+               m["n_layer"].get<int64_t>(), m["d_model"].get<int64_t>(), m["n_head"].get<int64_t>(),
+               m["n_head_kv"].get<int64_t>(), m["head_dim"].get<int64_t>(), m["d_ff"].get<int64_t>());
+    fmt::print("  context {}, vocab {}, rope base {} ({} dims, {}), rms eps {}\n",
+               m["n_ctx_train"].get<int64_t>(), m["n_vocab"].get<int64_t>(),
+               m["rope_base"].get<double>(), m["rope_dims"].get<int64_t>(),
+               m["rope_style"].get<std::string>(), m["norm_eps"].get<double>());
+    fmt::print("  embeddings {}, q/k/v bias {}\n",
+               m["tied_embeddings"].get<bool>() ? "tied (logits reuse token_embd)" : "untied",
+               m["qkv_bias"].get<bool>() ? "yes" : "no");
+    const int64_t kv = m["kv_bytes_per_token_f16"].get<int64_t>();
+    fmt::print("  KV cache (fp16): {} bytes per token = 2 x {} layers x {} kv heads x {} x 2; "
+               "{} at the full context\n",
+               kv, m["n_layer"].get<int64_t>(), m["n_head_kv"].get<int64_t>(),
+               m["head_dim"].get<int64_t>(),
+               human_bytes(static_cast<uint64_t>(kv * m["n_ctx_train"].get<int64_t>())));
+  }
+}
+
+}  // namespace
+
+Command add_inspect(CLI::App& app) {
+  auto* sub = app.add_subcommand("inspect", "Show a GGUF file's header, metadata, tensors and model shape");
+  auto path = std::make_shared<std::string>();
+  auto as_json = std::make_shared<bool>(false);
+  auto no_tensors = std::make_shared<bool>(false);
+  sub->add_option("file", *path, "GGUF file")->required()->check(CLI::ExistingFile);
+  sub->add_flag("--json", *as_json, "Print one JSON document instead of text");
+  sub->add_flag("--no-tensors", *no_tensors, "Leave out the per-tensor table (text output)");
+  return {sub, [=]() {
+            const GgufFile f = GgufFile::open(*path);
+            const json j = build(f);
+            if (*as_json)
+              fmt::print("{}\n", j.dump(1, ' ', false, json::error_handler_t::replace));
+            else
+              print_text(f, j, !*no_tensors);
+            return 0;
+          }};
+}
+
+}  // namespace barata::cli
