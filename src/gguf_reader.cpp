@@ -230,9 +230,11 @@ void GgufFile::parse() {
   // Each tensor info takes at least 8 (name length) + 4 (n_dims) + 8 (one dim)
   // + 4 (type) + 8 (offset) bytes; each key-value at least 8 + 4 + 1.
   if (n_tensors > c.remaining() / 32)
-    fail("{}: tensor count {} cannot fit in a file of {} bytes", file, n_tensors, bytes_.size());
+    fail("{}: tensor count {} cannot fit in a file of {} bytes (truncated or corrupt)", file, n_tensors,
+           bytes_.size());
   if (n_kv > c.remaining() / 13)
-    fail("{}: metadata count {} cannot fit in a file of {} bytes", file, n_kv, bytes_.size());
+    fail("{}: metadata count {} cannot fit in a file of {} bytes (truncated or corrupt)", file, n_kv,
+           bytes_.size());
 
   kv_.reserve(n_kv);
   for (uint64_t i = 0; i < n_kv; ++i) {
