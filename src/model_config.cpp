@@ -37,10 +37,11 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   if (c.n_head % c.n_head_kv != 0)
     fail("{}: {} query heads is not a multiple of {} key/value heads", f.name(), c.n_head,
          c.n_head_kv);
-  c.rope_base = f.get_number_opt(a + "rope.freq_base").value_or(10000.0);
+  c.rope_base = static_cast<float>(f.get_number_opt(a + "rope.freq_base").value_or(10000.0));
   c.rope_dims = f.get_int_opt(a + "rope.dimension_count").value_or(c.head_dim);
   c.rope_style = c.arch == "qwen2" ? RopeStyle::kNeox : RopeStyle::kNormal;
-  c.norm_eps = f.get_number_opt(a + "attention.layer_norm_rms_epsilon").value_or(1e-5);
+  c.norm_eps =
+      static_cast<float>(f.get_number_opt(a + "attention.layer_norm_rms_epsilon").value_or(1e-5));
 
   const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
   if (embd != nullptr && embd->shape.size() == 2) {

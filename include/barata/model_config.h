@@ -21,10 +21,10 @@ struct ModelConfig {
   int64_t d_ff = 0;        // MLP hidden width (feed_forward_length)
   int64_t n_ctx_train = 0; // context_length the model was trained with
   int64_t n_vocab = 0;     // rows of token_embd
-  double rope_base = 10000.0;  // rope.freq_base
+  float rope_base = 10000.0f;  // rope.freq_base (float32 in the file, as llama.cpp keeps it)
   int64_t rope_dims = 0;       // rope.dimension_count; head_dim unless given
   RopeStyle rope_style = RopeStyle::kNormal;
-  double norm_eps = 1e-5;      // attention.layer_norm_rms_epsilon
+  float norm_eps = 1e-5f;       // attention.layer_norm_rms_epsilon
   bool tied_embeddings = false;  // no output.weight: logits reuse token_embd
   bool qkv_bias = false;         // attn_q/k/v.bias present (qwen2)
 

@@ -18,6 +18,10 @@ using nlohmann::json;
 
 constexpr size_t kArrayPreview = 8;  // items shown of a long array
 
+// The shortest decimal that reads back as this float32 (1e-05, not
+// 9.999999747378752e-06).
+json json_float(float x) { return json(std::stod(fmt::format("{}", x))); }
+
 json value_json(const GgufValue& v, size_t max_items) {
   return std::visit(
       [&](const auto& x) -> json {
@@ -27,6 +31,8 @@ json value_json(const GgufValue& v, size_t max_items) {
           for (size_t i = 0; i < x.items.size() && i < max_items; ++i)
             items.push_back(value_json(x.items[i], max_items));
           return items;
+        } else if constexpr (std::is_same_v<T, float>) {
+          return json_float(x);
         } else {  // strings may hold invalid UTF-8: every dump() uses the replace handler
           return json(x);
         }
@@ -49,6 +55,7 @@ std::string value_text(const GgufValue& v) {
     if (one.size() > 120) one = one.substr(0, 117) + "...";
     return one;
   }
+  if (const auto* f = std::get_if<float>(&v.v)) return fmt::format("{}", *f);
   return value_json(v, 0).dump();
 }
 
@@ -113,10 +120,10 @@ json build(const GgufFile& f) {
                   {"d_ff", c.d_ff},
                   {"n_ctx_train", c.n_ctx_train},
                   {"n_vocab", c.n_vocab},
-                  {"rope_base", c.rope_base},
+                  {"rope_base", json_float(c.rope_base)},
                   {"rope_dims", c.rope_dims},
                   {"rope_style", c.rope_style == RopeStyle::kNeox ? "neox" : "normal"},
-                  {"norm_eps", c.norm_eps},
+                  {"norm_eps", json_float(c.norm_eps)},
                   {"tied_embeddings", c.tied_embeddings},
                   {"qkv_bias", c.qkv_bias},
                   {"kv_bytes_per_token_f16", c.kv_bytes_per_token()}};
