@@ -21,22 +21,29 @@ uint64_t min_value_bytes(GgufType t) {
   switch (t) {
     case GgufType::UINT8:
     case GgufType::INT8:
-    case GgufType::BOOL: return 1;
+    case GgufType::BOOL:
+      return 1;
     case GgufType::UINT16:
-    case GgufType::INT16: return 2;
+    case GgufType::INT16:
+      return 2;
     case GgufType::UINT32:
     case GgufType::INT32:
-    case GgufType::FLOAT32: return 4;
+    case GgufType::FLOAT32:
+      return 4;
     case GgufType::UINT64:
     case GgufType::INT64:
     case GgufType::FLOAT64:
-    case GgufType::STRING: return 8;
-    case GgufType::ARRAY: return 12;
+    case GgufType::STRING:
+      return 8;
+    case GgufType::ARRAY:
+      return 12;
   }
   return 1;
 }
 
-bool valid_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufType::FLOAT64); }
+bool valid_type(uint32_t t) {
+  return t <= static_cast<uint32_t>(GgufType::FLOAT64);
+}
 
 // Reads little-endian fields with a bounds check on every read; errors carry
 // the file name, what was being read and the byte position.
@@ -83,7 +90,8 @@ GgufValue read_value(Cursor& c, GgufType t, const std::string& what, const std::
                      int depth);
 
 GgufValue read_array(Cursor& c, const std::string& what, const std::string& file, int depth) {
-  if (depth >= kMaxArrayDepth) fail("{}: {}: arrays nested deeper than {}", file, what, kMaxArrayDepth);
+  if (depth >= kMaxArrayDepth)
+    fail("{}: {}: arrays nested deeper than {}", file, what, kMaxArrayDepth);
   const uint64_t at = c.pos();
   const auto et = c.read<uint32_t>(what + " array element type");
   if (!valid_type(et)) fail("{}: {}: invalid array element type {} at byte {}", file, what, et, at);
@@ -102,47 +110,74 @@ GgufValue read_array(Cursor& c, const std::string& what, const std::string& file
 GgufValue read_value(Cursor& c, GgufType t, const std::string& what, const std::string& file,
                      int depth) {
   switch (t) {
-    case GgufType::UINT8: return c.read<uint8_t>(what);
-    case GgufType::INT8: return c.read<int8_t>(what);
-    case GgufType::UINT16: return c.read<uint16_t>(what);
-    case GgufType::INT16: return c.read<int16_t>(what);
-    case GgufType::UINT32: return c.read<uint32_t>(what);
-    case GgufType::INT32: return c.read<int32_t>(what);
-    case GgufType::FLOAT32: return c.read<float>(what);
-    case GgufType::UINT64: return c.read<uint64_t>(what);
-    case GgufType::INT64: return c.read<int64_t>(what);
-    case GgufType::FLOAT64: return c.read<double>(what);
+    case GgufType::UINT8:
+      return c.read<uint8_t>(what);
+    case GgufType::INT8:
+      return c.read<int8_t>(what);
+    case GgufType::UINT16:
+      return c.read<uint16_t>(what);
+    case GgufType::INT16:
+      return c.read<int16_t>(what);
+    case GgufType::UINT32:
+      return c.read<uint32_t>(what);
+    case GgufType::INT32:
+      return c.read<int32_t>(what);
+    case GgufType::FLOAT32:
+      return c.read<float>(what);
+    case GgufType::UINT64:
+      return c.read<uint64_t>(what);
+    case GgufType::INT64:
+      return c.read<int64_t>(what);
+    case GgufType::FLOAT64:
+      return c.read<double>(what);
     case GgufType::BOOL: {
       const uint64_t at = c.pos();
       const auto b = c.read<uint8_t>(what);
       if (b > 1) fail("{}: {}: bool value {} at byte {} is neither 0 nor 1", file, what, b, at);
       return b == 1;
     }
-    case GgufType::STRING: return c.read_string(what);
-    case GgufType::ARRAY: return read_array(c, what, file, depth);
+    case GgufType::STRING:
+      return c.read_string(what);
+    case GgufType::ARRAY:
+      return read_array(c, what, file, depth);
   }
   fail("{}: {}: invalid value type {}", file, what, static_cast<uint32_t>(t));
 }
 
-bool mul_overflows(uint64_t a, uint64_t b, uint64_t& out) { return __builtin_mul_overflow(a, b, &out); }
+bool mul_overflows(uint64_t a, uint64_t b, uint64_t& out) {
+  return __builtin_mul_overflow(a, b, &out);
+}
 
 }  // namespace
 
 const char* gguf_type_name(GgufType t) {
   switch (t) {
-    case GgufType::UINT8: return "uint8";
-    case GgufType::INT8: return "int8";
-    case GgufType::UINT16: return "uint16";
-    case GgufType::INT16: return "int16";
-    case GgufType::UINT32: return "uint32";
-    case GgufType::INT32: return "int32";
-    case GgufType::FLOAT32: return "float32";
-    case GgufType::BOOL: return "bool";
-    case GgufType::STRING: return "string";
-    case GgufType::ARRAY: return "array";
-    case GgufType::UINT64: return "uint64";
-    case GgufType::INT64: return "int64";
-    case GgufType::FLOAT64: return "float64";
+    case GgufType::UINT8:
+      return "uint8";
+    case GgufType::INT8:
+      return "int8";
+    case GgufType::UINT16:
+      return "uint16";
+    case GgufType::INT16:
+      return "int16";
+    case GgufType::UINT32:
+      return "uint32";
+    case GgufType::INT32:
+      return "int32";
+    case GgufType::FLOAT32:
+      return "float32";
+    case GgufType::BOOL:
+      return "bool";
+    case GgufType::STRING:
+      return "string";
+    case GgufType::ARRAY:
+      return "array";
+    case GgufType::UINT64:
+      return "uint64";
+    case GgufType::INT64:
+      return "int64";
+    case GgufType::FLOAT64:
+      return "float64";
   }
   return "invalid";
 }
@@ -215,8 +250,10 @@ void GgufFile::parse() {
   const auto magic = c.read<uint32_t>("magic");
   if (magic != kMagic) {
     const auto* m = bytes_.data();
-    fail("{}: not a GGUF file: magic is {:02x} {:02x} {:02x} {:02x}, expected 47 47 55 46 (\"GGUF\")",
-         file, m[0], m[1], m[2], m[3]);
+    fail(
+        "{}: not a GGUF file: magic is {:02x} {:02x} {:02x} {:02x}, expected 47 47 55 46 "
+        "(\"GGUF\")",
+        file, m[0], m[1], m[2], m[3]);
   }
   version_ = c.read<uint32_t>("version");
   if (version_ != 2 && version_ != 3) {
@@ -230,11 +267,11 @@ void GgufFile::parse() {
   // Each tensor info takes at least 8 (name length) + 4 (n_dims) + 8 (one dim)
   // + 4 (type) + 8 (offset) bytes; each key-value at least 8 + 4 + 1.
   if (n_tensors > c.remaining() / 32)
-    fail("{}: tensor count {} cannot fit in a file of {} bytes (truncated or corrupt)", file, n_tensors,
-           bytes_.size());
+    fail("{}: tensor count {} cannot fit in a file of {} bytes (truncated or corrupt)", file,
+         n_tensors, bytes_.size());
   if (n_kv > c.remaining() / 13)
-    fail("{}: metadata count {} cannot fit in a file of {} bytes (truncated or corrupt)", file, n_kv,
-           bytes_.size());
+    fail("{}: metadata count {} cannot fit in a file of {} bytes (truncated or corrupt)", file,
+         n_kv, bytes_.size());
 
   kv_.reserve(n_kv);
   for (uint64_t i = 0; i < n_kv; ++i) {
@@ -280,7 +317,8 @@ void GgufFile::parse() {
     const uint64_t at = c.pos();
     const auto type_id = c.read<uint32_t>(what + " type");
     const DTypeTraits* tr = find_dtype(type_id);
-    if (tr == nullptr) fail("{}: {}: unknown tensor type id {} at byte {}", file, what, type_id, at);
+    if (tr == nullptr)
+      fail("{}: {}: unknown tensor type id {} at byte {}", file, what, type_id, at);
     ti.type = tr->type;
     if (ti.shape[0] % tr->block_size != 0)
       fail("{}: {}: row length {} is not a multiple of the {} block size {}", file, what,
@@ -319,7 +357,8 @@ const GgufTensorInfo* GgufFile::find_tensor(std::string_view name) const {
 }
 
 void GgufFile::type_error(std::string_view key, const char* expected, const GgufValue& v) const {
-  if (find(key) == nullptr) fail("{}: metadata key '{}' is missing (expected {})", name_, key, expected);
+  if (find(key) == nullptr)
+    fail("{}: metadata key '{}' is missing (expected {})", name_, key, expected);
   fail("{}: metadata key '{}': expected {}, found {}", name_, key, expected, v.type_name());
 }
 

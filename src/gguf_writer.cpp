@@ -17,7 +17,9 @@ namespace {
 
 constexpr uint32_t kMagic = 0x46554747;
 
-uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+uint64_t align_up(uint64_t x, uint64_t a) {
+  return (x + a - 1) / a * a;
+}
 
 // Where emitted bytes go: a buffered file descriptor or a byte vector.
 class FdSink {
@@ -31,7 +33,9 @@ class FdSink {
       return;
     }
     if (buf_.size() + n > kBuf) flush();
-    buf_.insert(buf_.end(), b, b + n);
+    const size_t at = buf_.size();
+    buf_.resize(at + n);
+    std::memcpy(buf_.data() + at, b, n);
   }
   void flush() {
     write_all(buf_.data(), buf_.size());
@@ -59,8 +63,9 @@ class FdSink {
 class VecSink {
  public:
   void put(const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    out.insert(out.end(), b, b + n);
+    const size_t at = out.size();
+    out.resize(at + n);
+    if (n) std::memcpy(out.data() + at, p, n);
   }
   std::vector<uint8_t> out;
 };
@@ -215,9 +220,13 @@ void GgufWriter::write(const std::filesystem::path& out) const {
       fail("{}: refusing to overwrite the input file", out.string());
   }
   const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
-  std::string tmpl = (dir / ("." + out.filename().string() + ".tmp-XXXXXX")).string();
+  std::string name = ".";
+  name.append(out.filename().string()).append(".tmp-XXXXXX");
+  std::string tmpl = (dir / name).string();
   const int fd = ::mkstemp(tmpl.data());
-  if (fd < 0) fail("{}: cannot create a temporary file in {}: {}", out.string(), dir.string(), std::strerror(errno));
+  if (fd < 0)
+    fail("{}: cannot create a temporary file in {}: {}", out.string(), dir.string(),
+         std::strerror(errno));
   bool fd_open = true;
   try {
     FdSink sink(fd, tmpl);

@@ -12,7 +12,9 @@
 namespace barata {
 namespace {
 
-std::filesystem::path vectors_dir() { return test::source_dir() / "tests/data/dtype_vectors"; }
+std::filesystem::path vectors_dir() {
+  return test::source_dir() / "tests/data/dtype_vectors";
+}
 
 nlohmann::json manifest() {
   std::ifstream f(vectors_dir() / "manifest.json");
@@ -26,7 +28,8 @@ std::vector<float> as_floats(const std::vector<uint8_t>& b) {
 }
 
 // Bitwise float comparison that reports the first few mismatches.
-::testing::AssertionResult bit_equal(const std::vector<float>& got, const std::vector<float>& want) {
+::testing::AssertionResult bit_equal(const std::vector<float>& got,
+                                     const std::vector<float>& want) {
   if (got.size() != want.size())
     return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
   int bad = 0;
@@ -62,7 +65,8 @@ TEST(DTypeVectors, DequantizeMatchesGgufPyBitExactly) {
     ASSERT_EQ(blocks.size(), dtype_bytes(*type, n));
     std::vector<float> got(static_cast<size_t>(n));
     tr.dequantize_row(blocks.data(), got.data(), n);
-    EXPECT_TRUE(bit_equal(got, as_floats(test::read_bytes(vectors_dir() / e["dequant"].get<std::string>()))));
+    EXPECT_TRUE(bit_equal(
+        got, as_floats(test::read_bytes(vectors_dir() / e["dequant"].get<std::string>()))));
   }
 }
 
@@ -83,9 +87,12 @@ TEST(DTypeVectors, QuantizeMatchesGgufPyByteForByte) {
     ASSERT_EQ(got.size(), want.size());
     size_t first_bad = got.size();
     for (size_t i = 0; i < got.size(); ++i)
-      if (got[i] != want[i]) { first_bad = i; break; }
-    EXPECT_EQ(first_bad, got.size()) << "first differing byte (block " << first_bad / tr.bytes_per_block
-                                     << ")";
+      if (got[i] != want[i]) {
+        first_bad = i;
+        break;
+      }
+    EXPECT_EQ(first_bad, got.size())
+        << "first differing byte (block " << first_bad / tr.bytes_per_block << ")";
     ++checked;
   }
   EXPECT_EQ(checked, 7);  // F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0

@@ -96,7 +96,8 @@ TEST(Gguf, TypedAccessorErrorsNameKeyAndTypes) {
     (void)f.get<uint32_t>("general.architecture");
     FAIL() << "no throw";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "m.gguf: metadata key 'general.architecture': expected uint32, found string");
+    EXPECT_STREQ(e.what(),
+                 "m.gguf: metadata key 'general.architecture': expected uint32, found string");
   }
   try {
     (void)f.get<uint32_t>("llama.block_count");

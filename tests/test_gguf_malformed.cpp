@@ -28,46 +28,109 @@ std::vector<Case> corpus() {
     c.push_back({std::move(name), g.build(), std::move(expect)});
   };
   RawGguf g;
-  g = RawGguf::valid(); g.magic = 0x46554746; add("bad_magic", g, "not a GGUF file");
+  g = RawGguf::valid();
+  g.magic = 0x46554746;
+  add("bad_magic", g, "not a GGUF file");
   for (uint32_t v : {0u, 1u, 4u}) {
-    g = RawGguf::valid(); g.version = v; add("version_" + std::to_string(v), g, "unsupported GGUF version");
+    g = RawGguf::valid();
+    g.version = v;
+    add("version_" + std::to_string(v), g, "unsupported GGUF version");
   }
-  g = RawGguf::valid(); g.version = 0x03000000; add("big_endian", g, "big-endian");
-  g = RawGguf::valid(); g.n_tensors_override = int64_t{1} << 40; add("huge_tensor_count", g, "tensor count");
-  g = RawGguf::valid(); g.n_kv_override = int64_t{1} << 40; add("huge_kv_count", g, "metadata count");
-  g = RawGguf::valid(); g.n_kv_override = 6; add("kv_count_too_big", g, "runs past the end");
-  g = RawGguf::valid(); g.kvs[0] = Bytes().str("general.architecture").put<uint32_t>(8).str("llama", 1u << 30).b;
+  g = RawGguf::valid();
+  g.version = 0x03000000;
+  add("big_endian", g, "big-endian");
+  g = RawGguf::valid();
+  g.n_tensors_override = int64_t{1} << 40;
+  add("huge_tensor_count", g, "tensor count");
+  g = RawGguf::valid();
+  g.n_kv_override = int64_t{1} << 40;
+  add("huge_kv_count", g, "metadata count");
+  g = RawGguf::valid();
+  g.n_kv_override = 6;
+  add("kv_count_too_big", g, "runs past the end");
+  g = RawGguf::valid();
+  g.kvs[0] = Bytes().str("general.architecture").put<uint32_t>(8).str("llama", 1u << 30).b;
   add("string_len_past_end", g, "runs past the end of the file");
-  g = RawGguf::valid(); g.kvs[0] = Bytes().str("k", uint64_t{1} << 62).b; add("key_len_past_end", g, "runs past the end");
-  g = RawGguf::valid(); g.kvs[1] = Bytes().str("x").put<uint32_t>(13).put<uint32_t>(0).b; add("invalid_value_type", g, "invalid value type 13");
-  g = RawGguf::valid(); g.kvs[1] = Bytes().str("x").put<uint32_t>(0xffffffff).b; add("invalid_value_type_max", g, "invalid value type");
-  g = RawGguf::valid(); g.kvs[3] = Bytes().str("a").put<uint32_t>(9).put<uint32_t>(77).put<uint64_t>(1).b; add("invalid_array_type", g, "invalid array element type 77");
-  g = RawGguf::valid(); g.kvs[3] = Bytes().str("a").put<uint32_t>(9).put<uint32_t>(4).put<uint64_t>(uint64_t{1} << 61).b; add("huge_array", g, "cannot fit");
+  g = RawGguf::valid();
+  g.kvs[0] = Bytes().str("k", uint64_t{1} << 62).b;
+  add("key_len_past_end", g, "runs past the end");
+  g = RawGguf::valid();
+  g.kvs[1] = Bytes().str("x").put<uint32_t>(13).put<uint32_t>(0).b;
+  add("invalid_value_type", g, "invalid value type 13");
+  g = RawGguf::valid();
+  g.kvs[1] = Bytes().str("x").put<uint32_t>(0xffffffff).b;
+  add("invalid_value_type_max", g, "invalid value type");
+  g = RawGguf::valid();
+  g.kvs[3] = Bytes().str("a").put<uint32_t>(9).put<uint32_t>(77).put<uint64_t>(1).b;
+  add("invalid_array_type", g, "invalid array element type 77");
+  g = RawGguf::valid();
+  g.kvs[3] = Bytes().str("a").put<uint32_t>(9).put<uint32_t>(4).put<uint64_t>(uint64_t{1} << 61).b;
+  add("huge_array", g, "cannot fit");
   {
     Bytes deep;
     deep.str("deep").put<uint32_t>(9);
     for (int i = 0; i < 20; ++i) deep.put<uint32_t>(9).put<uint64_t>(1);
     deep.put<uint32_t>(0).put<uint64_t>(0);
-    g = RawGguf::valid(); g.kvs[3] = deep.b; add("nested_too_deep", g, "nested deeper");
+    g = RawGguf::valid();
+    g.kvs[3] = deep.b;
+    add("nested_too_deep", g, "nested deeper");
   }
-  g = RawGguf::valid(); g.kvs[2] = Bytes().str("flag").put<uint32_t>(7).put<uint8_t>(2).b; add("bool_2", g, "bool value 2");
-  g = RawGguf::valid(); g.kvs[2] = RawGguf::kv_string("general.architecture", "qwen2"); add("duplicate_key", g, "duplicate metadata key");
-  g = RawGguf::valid(); g.kvs.push_back(Bytes().str("general.alignment").put<uint32_t>(4).put<uint32_t>(48).b); add("alignment_not_pow2", g, "not a power of two");
-  g = RawGguf::valid(); g.kvs.push_back(Bytes().str("general.alignment").put<uint32_t>(4).put<uint32_t>(0).b); add("alignment_zero", g, "not a power of two");
-  g = RawGguf::valid(); g.kvs.push_back(RawGguf::kv_string("general.alignment", "32")); add("alignment_type", g, "general.alignment must be uint32");
-  g = RawGguf::valid(); g.tensors[0].n_dims_override = 0; g.tensors[0].dims = {}; add("n_dims_0", g, "n_dims is 0");
-  g = RawGguf::valid(); g.tensors[0].dims = {1, 1, 1, 1, 1, 1, 1, 1, 1}; add("n_dims_9", g, "n_dims is 9");
-  g = RawGguf::valid(); g.tensors[0].dims = {uint64_t{1} << 32, uint64_t{1} << 32}; add("dim_overflow", g, "overflows");
-  g = RawGguf::valid(); g.tensors[0].dims = {uint64_t{1} << 63}; add("dim_negative", g, "dimension 0 is");
-  g = RawGguf::valid(); g.tensors[0].dims = {8, 0}; add("dim_zero", g, "dimension 1 is 0");
-  g = RawGguf::valid(); g.tensors[0].type = 99; add("unknown_type", g, "unknown tensor type id 99");
-  g = RawGguf::valid(); g.tensors[0].type = 8; g.tensors[0].dims = {8, 2}; add("partial_block", g, "not a multiple of the Q8_0 block size");
-  g = RawGguf::valid(); g.tensors[1].offset = 4096; add("offset_past_end", g, "is past the end of the file");
-  g = RawGguf::valid(); g.tensors[1].offset = 36; add("offset_misaligned", g, "not a multiple of the alignment");
-  g = RawGguf::valid(); g.tensors[1].offset = ~uint64_t{0} - 31; add("offset_wraps", g, "past the end");
-  g = RawGguf::valid(); g.tensors[1].dims = {uint64_t{1} << 60}; add("size_past_end", g, "past the end");
-  g = RawGguf::valid(); g.tensors[1].name = "tok"; add("duplicate_tensor", g, "duplicate tensor name 'tok'");
-  g = RawGguf::valid(); g.data_bytes = 64 + 16; add("data_truncated", g, "tensor out: data [");
+  g = RawGguf::valid();
+  g.kvs[2] = Bytes().str("flag").put<uint32_t>(7).put<uint8_t>(2).b;
+  add("bool_2", g, "bool value 2");
+  g = RawGguf::valid();
+  g.kvs[2] = RawGguf::kv_string("general.architecture", "qwen2");
+  add("duplicate_key", g, "duplicate metadata key");
+  g = RawGguf::valid();
+  g.kvs.push_back(Bytes().str("general.alignment").put<uint32_t>(4).put<uint32_t>(48).b);
+  add("alignment_not_pow2", g, "not a power of two");
+  g = RawGguf::valid();
+  g.kvs.push_back(Bytes().str("general.alignment").put<uint32_t>(4).put<uint32_t>(0).b);
+  add("alignment_zero", g, "not a power of two");
+  g = RawGguf::valid();
+  g.kvs.push_back(RawGguf::kv_string("general.alignment", "32"));
+  add("alignment_type", g, "general.alignment must be uint32");
+  g = RawGguf::valid();
+  g.tensors[0].n_dims_override = 0;
+  g.tensors[0].dims = {};
+  add("n_dims_0", g, "n_dims is 0");
+  g = RawGguf::valid();
+  g.tensors[0].dims = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  add("n_dims_9", g, "n_dims is 9");
+  g = RawGguf::valid();
+  g.tensors[0].dims = {uint64_t{1} << 32, uint64_t{1} << 32};
+  add("dim_overflow", g, "overflows");
+  g = RawGguf::valid();
+  g.tensors[0].dims = {uint64_t{1} << 63};
+  add("dim_negative", g, "dimension 0 is");
+  g = RawGguf::valid();
+  g.tensors[0].dims = {8, 0};
+  add("dim_zero", g, "dimension 1 is 0");
+  g = RawGguf::valid();
+  g.tensors[0].type = 99;
+  add("unknown_type", g, "unknown tensor type id 99");
+  g = RawGguf::valid();
+  g.tensors[0].type = 8;
+  g.tensors[0].dims = {8, 2};
+  add("partial_block", g, "not a multiple of the Q8_0 block size");
+  g = RawGguf::valid();
+  g.tensors[1].offset = 4096;
+  add("offset_past_end", g, "is past the end of the file");
+  g = RawGguf::valid();
+  g.tensors[1].offset = 36;
+  add("offset_misaligned", g, "not a multiple of the alignment");
+  g = RawGguf::valid();
+  g.tensors[1].offset = ~uint64_t{0} - 31;
+  add("offset_wraps", g, "past the end");
+  g = RawGguf::valid();
+  g.tensors[1].dims = {uint64_t{1} << 60};
+  add("size_past_end", g, "past the end");
+  g = RawGguf::valid();
+  g.tensors[1].name = "tok";
+  add("duplicate_tensor", g, "duplicate tensor name 'tok'");
+  g = RawGguf::valid();
+  g.data_bytes = 64 + 16;
+  add("data_truncated", g, "tensor out: data [");
   return c;
 }
 
@@ -100,7 +163,8 @@ TEST(GgufMalformed, EveryCaseIsRejectedWithItsReason) {
     } catch (const Error& e) {
       const std::string msg = e.what();
       EXPECT_NE(msg.find(c.expect), std::string::npos) << msg;
-      EXPECT_EQ(msg.rfind(c.name + ".gguf: ", 0), 0u) << "does not start with the file name: " << msg;
+      EXPECT_EQ(msg.rfind(c.name + ".gguf: ", 0), 0u)
+          << "does not start with the file name: " << msg;
       EXPECT_EQ(msg.find('\n'), std::string::npos) << "more than one line: " << msg;
     }
   }
@@ -144,13 +208,15 @@ TEST(GgufMalformed, InspectPrintsOneErrorLineAndExitsOne) {
   test::TempDir dir;
   auto cases = corpus();
   const auto full = RawGguf::valid().build();
-  cases.push_back({"truncated_header", std::vector<uint8_t>(full.begin(), full.begin() + 30), "truncated"});
+  cases.push_back(
+      {"truncated_header", std::vector<uint8_t>(full.begin(), full.begin() + 30), "truncated"});
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
     const auto path = dir / (c.name + ".gguf");
     test::write_bytes(path, c.bytes);
     const auto out = dir / "stderr.txt";
-    const std::string cmd = std::string(BARATA_CLI_PATH) + " inspect " + path.string() + " >/dev/null 2>" + out.string();
+    const std::string cmd = std::string(BARATA_CLI_PATH) + " inspect " + path.string() +
+                            " >/dev/null 2>" + out.string();
     const int status = std::system(cmd.c_str());
     ASSERT_TRUE(WIFEXITED(status));
     EXPECT_EQ(WEXITSTATUS(status), 1);

@@ -66,7 +66,8 @@ TEST(InspectCli, SharedTinyModels) {
     // Tensor shapes: 9 per layer + embeddings, final norm, output.
     EXPECT_EQ(j["tensors"].size(), static_cast<size_t>(9 * w.layers + 3));
     for (const auto& t : j["tensors"]) {
-      if (t["name"] == "blk.0.ffn_up.weight") EXPECT_EQ(t["shape"], json::array({w.d_model, w.d_ff}));
+      if (t["name"] == "blk.0.ffn_up.weight")
+        EXPECT_EQ(t["shape"], json::array({w.d_model, w.d_ff}));
       if (t["name"] == "blk.0.attn_k.weight")
         EXPECT_EQ(t["shape"], json::array({w.d_model, w.kv_heads * head_dim}));
       if (t["name"] == "blk.0.attn_norm.weight") EXPECT_EQ(t["type"], "F32");

@@ -12,8 +12,12 @@
 
 namespace barata::test {
 
-inline std::filesystem::path source_dir() { return BARATA_SOURCE_DIR; }
-inline std::filesystem::path shared_dir() { return source_dir() / ".." / "shared"; }
+inline std::filesystem::path source_dir() {
+  return BARATA_SOURCE_DIR;
+}
+inline std::filesystem::path shared_dir() {
+  return source_dir() / ".." / "shared";
+}
 
 inline std::vector<uint8_t> read_bytes(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -29,7 +33,10 @@ inline void write_bytes(const std::filesystem::path& p, const std::vector<uint8_
 class TempDir {
  public:
   TempDir();
-  ~TempDir() { std::error_code ec; std::filesystem::remove_all(path_, ec); }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
   const std::filesystem::path& path() const { return path_; }
   std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
 

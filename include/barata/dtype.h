@@ -32,9 +32,9 @@ using QuantizeRowFn = void (*)(const float* src, void* dst, int64_t n);
 
 struct DTypeTraits {
   DType type;
-  const char* name;          // as llama.cpp and gguf-py spell it: "Q4_K", "F16"
-  int64_t block_size;        // weights per block (1 for plain floats)
-  size_t bytes_per_block;    // storage of one block
+  const char* name;        // as llama.cpp and gguf-py spell it: "Q4_K", "F16"
+  int64_t block_size;      // weights per block (1 for plain floats)
+  size_t bytes_per_block;  // storage of one block
   bool is_quantized;
   DequantizeRowFn dequantize_row;  // reference, scalar, exact (bit-equal to gguf-py)
   QuantizeRowFn quantize_row;      // reference; nullptr where llama.cpp defines none
@@ -47,7 +47,9 @@ const DTypeTraits* find_dtype(uint32_t gguf_id);
 const DTypeTraits& dtype_traits(DType t);
 std::span<const DTypeTraits> all_dtypes();
 std::optional<DType> dtype_from_name(std::string_view name);  // case-insensitive
-inline const char* dtype_name(DType t) { return dtype_traits(t).name; }
+inline const char* dtype_name(DType t) {
+  return dtype_traits(t).name;
+}
 
 // Bytes of n_elements of type t; n_elements must be a multiple of the block
 // size (throws barata::Error otherwise).

@@ -50,15 +50,18 @@ struct GgufValue {
 
   GgufValue() = default;
   template <typename T>
-    requires(!std::is_same_v<std::decay_t<T>, GgufValue> && std::is_constructible_v<Storage, T>)
-  GgufValue(T x) : v(std::move(x)) {}  // NOLINT: implicit by design
+  requires(!std::is_same_v<std::decay_t<T>, GgufValue> && std::is_constructible_v<Storage, T>)
+      GgufValue(T x)
+      : v(std::move(x)) {}  // NOLINT: implicit by design
   GgufValue(const char* s) : v(std::string(s)) {}
   static GgufValue array(GgufType elem_type, std::vector<GgufValue> items);
 
   GgufType type() const { return static_cast<GgufType>(v.index()); }
   std::string type_name() const;  // "uint32", "array[string]"
   template <typename T>
-  bool holds() const { return std::holds_alternative<T>(v); }
+  bool holds() const {
+    return std::holds_alternative<T>(v);
+  }
   // Any integer type widened to int64 (uint64 above INT64_MAX is nullopt).
   std::optional<int64_t> as_int() const;
   // Any numeric type as double.
@@ -72,9 +75,9 @@ struct GgufTensorInfo {
   DType type;
   std::vector<int64_t> shape;  // 1..4 dims, each >= 1
   int64_t n_elements;
-  uint64_t offset;             // from the start of the data section
+  uint64_t offset;  // from the start of the data section
   uint64_t n_bytes;
-  const uint8_t* data;         // inside the mapping; valid while the GgufFile lives
+  const uint8_t* data;  // inside the mapping; valid while the GgufFile lives
 
   int64_t n_rows() const { return n_elements / shape[0]; }
 };
@@ -125,7 +128,8 @@ class GgufFile {
  private:
   GgufFile() = default;
   void parse();
-  [[noreturn]] void type_error(std::string_view key, const char* expected, const GgufValue& v) const;
+  [[noreturn]] void type_error(std::string_view key, const char* expected,
+                               const GgufValue& v) const;
 
   std::string name_;
   std::unique_ptr<MappedFile> map_;

@@ -37,7 +37,7 @@ inline uint16_t fp32_to_fp16(float f) {
   const uint32_t ax = x & 0x7fffffffu;
   if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
   if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
-  if (ax < 0x38800000u) {  // result is subnormal or zero
+  if (ax < 0x38800000u) {               // result is subnormal or zero
     if (ax < 0x33000000u) return sign;  // below half the smallest subnormal
     const uint32_t exp = ax >> 23;
     const uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
@@ -55,7 +55,9 @@ inline uint16_t fp32_to_fp16(float f) {
   return static_cast<uint16_t>(sign | r);
 }
 
-inline float bf16_to_fp32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+inline float bf16_to_fp32(uint16_t h) {
+  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+}
 
 // Round to nearest even; NaN forced quiet (ggml's rule, also gguf-py's).
 inline uint16_t fp32_to_bf16(float f) {

@@ -12,7 +12,7 @@ inline constexpr int kQK5_0 = 32;
 inline constexpr int kQK5_1 = 32;
 inline constexpr int kQK8_0 = 32;
 inline constexpr int kQK4_NL = 32;
-inline constexpr int kQK_K = 256;     // super-block of the K-quants
+inline constexpr int kQK_K = 256;       // super-block of the K-quants
 inline constexpr int kKScaleSize = 12;  // packed 6-bit scales and mins of Q4_K/Q5_K
 
 #pragma pack(push, 1)
@@ -41,10 +41,10 @@ struct BlockQ8_0 {
   int8_t qs[kQK8_0];
 };
 struct BlockQ4_K {
-  uint16_t d;                    // fp16 super-block scale of the scales
-  uint16_t dmin;                 // fp16 super-block scale of the mins
-  uint8_t scales[kKScaleSize];   // 8 sub-blocks of 32: 6-bit scale and 6-bit min each
-  uint8_t qs[kQK_K / 2];         // nibbles
+  uint16_t d;                   // fp16 super-block scale of the scales
+  uint16_t dmin;                // fp16 super-block scale of the mins
+  uint8_t scales[kKScaleSize];  // 8 sub-blocks of 32: 6-bit scale and 6-bit min each
+  uint8_t qs[kQK_K / 2];        // nibbles
 };
 struct BlockQ5_K {
   uint16_t d;

@@ -10,7 +10,8 @@ namespace barata::rows {
 namespace {
 
 int64_t n_blocks(int64_t n, int block, const char* type) {
-  if (n % block != 0) fail("{}: {} elements is not a multiple of the block size {}", type, n, block);
+  if (n % block != 0)
+    fail("{}: {} elements is not a multiple of the block size {}", type, n, block);
   return n / block;
 }
 

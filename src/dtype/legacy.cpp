@@ -15,7 +15,8 @@ namespace barata::rows {
 namespace {
 
 int64_t n_blocks(int64_t n, int block, const char* type) {
-  if (n % block != 0) fail("{}: {} elements is not a multiple of the block size {}", type, n, block);
+  if (n % block != 0)
+    fail("{}: {} elements is not a multiple of the block size {}", type, n, block);
   return n / block;
 }
 
@@ -40,7 +41,9 @@ void min_max(const float* x, int n, float& min, float& max) {
   }
 }
 
-inline int min_int(int a, int b) { return a < b ? a : b; }
+inline int min_int(int a, int b) {
+  return a < b ? a : b;
+}
 
 }  // namespace
 
@@ -106,7 +109,9 @@ inline uint32_t load_qh(const uint8_t qh[4]) {
   std::memcpy(&v, qh, 4);  // little-endian in the file, as on every host we build for
   return v;
 }
-inline void store_qh(uint8_t qh[4], uint32_t v) { std::memcpy(qh, &v, 4); }
+inline void store_qh(uint8_t qh[4], uint32_t v) {
+  std::memcpy(qh, &v, 4);
+}
 }  // namespace
 
 void dequantize_q5_0(const void* src, float* dst, int64_t n) {

@@ -6,8 +6,8 @@
 
 namespace barata::rows {
 
-#define BARATA_ROW_FNS(T)                                        \
-  void dequantize_##T(const void* src, float* dst, int64_t n);   \
+#define BARATA_ROW_FNS(T)                                      \
+  void dequantize_##T(const void* src, float* dst, int64_t n); \
   void quantize_##T(const float* src, void* dst, int64_t n);
 
 BARATA_ROW_FNS(f32)

@@ -20,7 +20,9 @@ constexpr size_t kArrayPreview = 8;  // items shown of a long array
 
 // The shortest decimal that reads back as this float32 (1e-05, not
 // 9.999999747378752e-06).
-json json_float(float x) { return json(std::stod(fmt::format("{}", x))); }
+json json_float(float x) {
+  return json(std::stod(fmt::format("{}", x)));
+}
 
 json value_json(const GgufValue& v, size_t max_items) {
   return std::visit(
@@ -89,8 +91,11 @@ json build(const GgufFile& f) {
   std::map<std::string, TypeTotal> totals;
   TypeTotal all;
   for (const auto& t : f.tensors()) {
-    tensors.push_back({{"name", t.name}, {"type", dtype_name(t.type)}, {"shape", t.shape},
-                       {"n_elements", t.n_elements}, {"bytes", t.n_bytes},
+    tensors.push_back({{"name", t.name},
+                       {"type", dtype_name(t.type)},
+                       {"shape", t.shape},
+                       {"n_elements", t.n_elements},
+                       {"bytes", t.n_bytes},
                        {"offset", f.data_offset() + t.offset}});
     for (TypeTotal* tt : {&totals[dtype_name(t.type)], &all}) {
       tt->n_tensors += 1;
@@ -100,7 +105,9 @@ json build(const GgufFile& f) {
   }
   j["tensors"] = std::move(tensors);
   auto total_json = [](const TypeTotal& t) {
-    return json{{"tensors", t.n_tensors}, {"elements", t.n_elements}, {"bytes", t.n_bytes},
+    return json{{"tensors", t.n_tensors},
+                {"elements", t.n_elements},
+                {"bytes", t.n_bytes},
                 {"bits_per_weight", t.n_elements ? 8.0 * t.n_bytes / t.n_elements : 0.0}};
   };
   json by_type = json::object();
@@ -179,7 +186,8 @@ void print_text(const GgufFile& f, const json& j, bool show_tensors) {
     fmt::print("\nmodel ({}):\n", m["arch"].get<std::string>());
     fmt::print("  layers {}, d_model {}, heads {} / kv heads {}, head dim {}, d_ff {}\n",
                m["n_layer"].get<int64_t>(), m["d_model"].get<int64_t>(), m["n_head"].get<int64_t>(),
-               m["n_head_kv"].get<int64_t>(), m["head_dim"].get<int64_t>(), m["d_ff"].get<int64_t>());
+               m["n_head_kv"].get<int64_t>(), m["head_dim"].get<int64_t>(),
+               m["d_ff"].get<int64_t>());
     fmt::print("  context {}, vocab {}, rope base {} ({} dims, {}), rms eps {}\n",
                m["n_ctx_train"].get<int64_t>(), m["n_vocab"].get<int64_t>(),
                m["rope_base"].get<double>(), m["rope_dims"].get<int64_t>(),
@@ -188,18 +196,20 @@ void print_text(const GgufFile& f, const json& j, bool show_tensors) {
                m["tied_embeddings"].get<bool>() ? "tied (logits reuse token_embd)" : "untied",
                m["qkv_bias"].get<bool>() ? "yes" : "no");
     const int64_t kv = m["kv_bytes_per_token_f16"].get<int64_t>();
-    fmt::print("  KV cache (fp16): {} bytes per token = 2 x {} layers x {} kv heads x {} x 2; "
-               "{} at the full context\n",
-               kv, m["n_layer"].get<int64_t>(), m["n_head_kv"].get<int64_t>(),
-               m["head_dim"].get<int64_t>(),
-               human_bytes(static_cast<uint64_t>(kv * m["n_ctx_train"].get<int64_t>())));
+    fmt::print(
+        "  KV cache (fp16): {} bytes per token = 2 x {} layers x {} kv heads x {} x 2; "
+        "{} at the full context\n",
+        kv, m["n_layer"].get<int64_t>(), m["n_head_kv"].get<int64_t>(),
+        m["head_dim"].get<int64_t>(),
+        human_bytes(static_cast<uint64_t>(kv * m["n_ctx_train"].get<int64_t>())));
   }
 }
 
 }  // namespace
 
 Command add_inspect(CLI::App& app) {
-  auto* sub = app.add_subcommand("inspect", "Show a GGUF file's header, metadata, tensors and model shape");
+  auto* sub =
+      app.add_subcommand("inspect", "Show a GGUF file's header, metadata, tensors and model shape");
   auto path = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
   auto no_tensors = std::make_shared<bool>(false);

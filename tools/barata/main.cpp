@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  spdlog::set_level(verbosity >= 2 ? spdlog::level::trace
+  spdlog::set_level(verbosity >= 2   ? spdlog::level::trace
                     : verbosity == 1 ? spdlog::level::debug
                                      : spdlog::level::warn);
   try {
