@@ -1,0 +1,79 @@
+// CPU matrix multiplication against a weight of any DType, dequantizing on the
+// fly. One kernel per weight type, chosen when the model loads (the registry
+// below); the hot loop never switches on the type.
+//
+// Every output element is computed by the same per-(row, token) code whatever
+// the batch width, so prefill, decode and the no-cache mode agree bit for bit.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "barata/dtype.h"
+
+namespace barata {
+
+class ThreadPool;
+
+// How a kernel wants its activations: plain fp32, or 8-bit blocks of 32 with
+// an fp32 scale (what llama.cpp does for quantized weights: the integer dot
+// product is where the speed is).
+enum class ActFormat { kF32, kQ8 };
+
+struct BlockQ8Act {
+  float d;        // scale: x ~= d * q
+  float s;        // d * sum(q), for the weight types with an offset
+  int8_t q[32];
+};
+static_assert(sizeof(BlockQ8Act) == 40);
+
+// out[t * out_stride] = dot(w_row, act row t) for t in [0, n_tokens).
+using DotRowsFn = void (*)(const uint8_t* w_row, int64_t k, const uint8_t* acts,
+                           size_t act_stride, int64_t n_tokens, float* out, size_t out_stride);
+
+struct MatmulKernel {
+  DType type;
+  const char* name;  // e.g. "q4_1.q8.avx2", "q6_k.dequant.f32"
+  ActFormat act;
+  DotRowsFn dot_rows;
+};
+
+// The kernel bound to weights of type t on this CPU.
+const MatmulKernel& cpu_matmul_kernel(DType t);
+// The generic kernel (dequantize a row, fp32 dot) for any type: the reference
+// that the fast kernels are tested against.
+const MatmulKernel& cpu_reference_kernel(DType t);
+
+// A weight matrix: n_rows rows of k elements, ggml layout (rows contiguous).
+struct WeightView {
+  DType type;
+  int64_t k;       // row length (input features)
+  int64_t n_rows;  // output features
+  const uint8_t* data;
+  size_t row_bytes;
+  const MatmulKernel* kernel;
+};
+
+// Activations converted once for a kernel's ActFormat, reused by every weight
+// that reads the same input (q, k and v; gate and up).
+struct PreparedActs {
+  ActFormat format = ActFormat::kF32;
+  int64_t k = 0;
+  int64_t n_tokens = 0;
+  size_t stride = 0;  // bytes per token row
+  std::vector<uint8_t> bytes;
+  const uint8_t* data = nullptr;  // bytes.data() or the fp32 input itself
+  const float* source = nullptr;  // the fp32 input these were made from (reuse key)
+};
+
+void prepare_acts(ThreadPool& pool, ActFormat format, const float* x, int64_t n_tokens, int64_t k,
+                  PreparedActs& out);
+
+// y[t][r] = sum_j W[r][j] * x[t][j]; y has row stride ldy floats.
+void matmul(ThreadPool& pool, const WeightView& w, const PreparedActs& acts, float* y, int64_t ldy);
+
+// Quantizes one row of k (multiple of 32) floats to Q8 activation blocks.
+void quantize_row_q8_act(const float* x, BlockQ8Act* out, int64_t k);
+
+}  // namespace barata

@@ -1,0 +1,50 @@
+// Turning logits into the next token: greedy, or temperature sampling after
+// repetition penalty, top-k, top-p and min-p (llama.cpp's order and meaning:
+// penalties -> top-k -> top-p -> min-p -> temperature -> draw).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <random>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace barata {
+
+struct SamplerOptions {
+  float temperature = 0.8f;   // <= 0: greedy (argmax)
+  int top_k = 40;             // <= 0: off
+  float top_p = 0.95f;        // >= 1: off
+  float min_p = 0.05f;        // <= 0: off
+  float repeat_penalty = 1.0f;  // 1: off; > 1 discourages repeats
+  int repeat_last_n = 64;     // window of the penalty
+  uint64_t seed = 0xba7a7a;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(SamplerOptions opts);
+
+  // Chooses the next token; logits may be modified (penalties applied).
+  int32_t sample(std::span<float> logits);
+  // Tells the sampler a token was emitted (or was part of the prompt), for
+  // the repetition penalty.
+  void accept(int32_t token);
+
+  const SamplerOptions& options() const { return opts_; }
+
+ private:
+  SamplerOptions opts_;
+  std::mt19937_64 rng_;
+  std::deque<int32_t> recent_;
+  std::vector<std::pair<float, int32_t>> cand_;  // scratch: (logit, id)
+};
+
+// The K most likely tokens under softmax(logits / temperature), most likely
+// first, with their probabilities (the "soft labels" of distillation).
+std::vector<std::pair<int32_t, float>> top_probs(std::span<const float> logits, float temperature,
+                                                 int k);
+int32_t argmax(std::span<const float> logits);
+
+}  // namespace barata

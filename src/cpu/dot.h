@@ -1,0 +1,28 @@
+// Per-row dot-product kernels (see matmul.h for the DotRowsFn contract).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace barata {
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define BARATA_DOT_ISA ".avx2"
+#else
+#define BARATA_DOT_ISA ".scalar"
+#endif
+
+float dot_f32(const float* a, const float* b, int64_t k);
+float dot_f16_f32(const uint16_t* w, const float* x, int64_t k);
+void axpy_f16(float a, const uint16_t* x, float* y, int64_t k);  // y += a * x
+
+#define BARATA_DOT_ROWS(name)                                                           \
+  void name(const uint8_t* w_row, int64_t k, const uint8_t* acts, size_t act_stride, \
+            int64_t n_tokens, float* out, size_t out_stride)
+BARATA_DOT_ROWS(dot_rows_f32);
+BARATA_DOT_ROWS(dot_rows_f16);
+BARATA_DOT_ROWS(dot_rows_q4_0_q8);
+BARATA_DOT_ROWS(dot_rows_q4_1_q8);
+BARATA_DOT_ROWS(dot_rows_q8_0_q8);
+
+}  // namespace barata

@@ -1,0 +1,131 @@
+// Registry of CPU matmul kernels and the drivers that run them over threads.
+#include "barata/matmul.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "barata/error.h"
+#include "dot.h"
+#include "thread_pool.h"
+
+namespace barata {
+namespace {
+
+// Generic path: dequantize the weight row once (reference, exact), then one
+// fp32 dot per token. Correct for every type; the fast kernels beat it.
+void dot_rows_dequant(DequantizeRowFn deq, const uint8_t* w_row, int64_t k, const uint8_t* acts,
+                      size_t act_stride, int64_t n_tokens, float* out, size_t out_stride) {
+  thread_local std::vector<float> row;
+  if (static_cast<int64_t>(row.size()) < k) row.resize(static_cast<size_t>(k));
+  deq(w_row, row.data(), k);
+  for (int64_t t = 0; t < n_tokens; ++t)
+    out[t * out_stride] =
+        dot_f32(row.data(), reinterpret_cast<const float*>(acts + t * act_stride), k);
+}
+
+template <DType T>
+void dot_rows_generic(const uint8_t* w_row, int64_t k, const uint8_t* acts, size_t act_stride,
+                      int64_t n_tokens, float* out, size_t out_stride) {
+  dot_rows_dequant(dtype_traits(T).dequantize_row, w_row, k, acts, act_stride, n_tokens, out,
+                   out_stride);
+}
+
+#define BARATA_GENERIC(T, name) \
+  MatmulKernel { DType::T, name, ActFormat::kF32, dot_rows_generic<DType::T> }
+
+const std::array kReference = {
+    BARATA_GENERIC(F32, "f32.dequant.f32"),     BARATA_GENERIC(F16, "f16.dequant.f32"),
+    BARATA_GENERIC(BF16, "bf16.dequant.f32"),   BARATA_GENERIC(Q4_0, "q4_0.dequant.f32"),
+    BARATA_GENERIC(Q4_1, "q4_1.dequant.f32"),   BARATA_GENERIC(Q5_0, "q5_0.dequant.f32"),
+    BARATA_GENERIC(Q5_1, "q5_1.dequant.f32"),   BARATA_GENERIC(Q8_0, "q8_0.dequant.f32"),
+    BARATA_GENERIC(Q4_K, "q4_k.dequant.f32"),   BARATA_GENERIC(Q5_K, "q5_k.dequant.f32"),
+    BARATA_GENERIC(Q6_K, "q6_k.dequant.f32"),   BARATA_GENERIC(IQ4_NL, "iq4_nl.dequant.f32"),
+};
+
+// Fast kernels where they exist; everything else falls back to the reference.
+const std::array kFast = {
+    MatmulKernel{DType::F32, "f32.f32" BARATA_DOT_ISA, ActFormat::kF32, dot_rows_f32},
+    MatmulKernel{DType::F16, "f16.f32" BARATA_DOT_ISA, ActFormat::kF32, dot_rows_f16},
+    MatmulKernel{DType::Q4_0, "q4_0.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_rows_q4_0_q8},
+    MatmulKernel{DType::Q4_1, "q4_1.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_rows_q4_1_q8},
+    MatmulKernel{DType::Q8_0, "q8_0.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_rows_q8_0_q8},
+};
+
+}  // namespace
+
+const MatmulKernel& cpu_reference_kernel(DType t) {
+  for (const auto& k : kReference)
+    if (k.type == t) return k;
+  fail("no CPU matmul kernel for type {}", dtype_name(t));
+}
+
+const MatmulKernel& cpu_matmul_kernel(DType t) {
+  for (const auto& k : kFast)
+    if (k.type == t) return k;
+  return cpu_reference_kernel(t);
+}
+
+void quantize_row_q8_act(const float* x, BlockQ8Act* out, int64_t k) {
+  for (int64_t b = 0; b < k / 32; ++b, x += 32) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int q = static_cast<int>(std::nearbyint(x[j] * id));
+      out[b].q[j] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    out[b].d = d;
+    out[b].s = d * static_cast<float>(sum);
+  }
+}
+
+void prepare_acts(ThreadPool& pool, ActFormat format, const float* x, int64_t n_tokens, int64_t k,
+                  PreparedActs& out) {
+  out.format = format;
+  out.k = k;
+  out.n_tokens = n_tokens;
+  if (format == ActFormat::kF32) {
+    out.stride = static_cast<size_t>(k) * sizeof(float);
+    out.data = reinterpret_cast<const uint8_t*>(x);
+    return;
+  }
+  if (k % 32 != 0) fail("internal: Q8 activations need a row length multiple of 32, got {}", k);
+  out.stride = static_cast<size_t>(k / 32) * sizeof(BlockQ8Act);
+  out.bytes.resize(out.stride * static_cast<size_t>(n_tokens));
+  uint8_t* base = out.bytes.data();
+  const size_t stride = out.stride;
+  pool.parallel_for(n_tokens, [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t)
+      quantize_row_q8_act(x + t * k, reinterpret_cast<BlockQ8Act*>(base + t * stride), k);
+  });
+  out.data = out.bytes.data();
+}
+
+void matmul(ThreadPool& pool, const WeightView& w, const PreparedActs& acts, float* y,
+            int64_t ldy) {
+  if (acts.k != w.k || acts.format != w.kernel->act)
+    fail("internal: matmul of {} x {} weight with {}-wide activations", w.n_rows, w.k, acts.k);
+  // Tokens in tiles so that a tile's activations stay in L2 while every row
+  // of the chunk streams past them once.
+  constexpr int64_t kTokenTile = 32;
+  const DotRowsFn dot = w.kernel->dot_rows;
+  const int64_t n_tokens = acts.n_tokens;
+  const int64_t grain = n_tokens == 1 ? 16 : 4;
+  pool.parallel_for(
+      w.n_rows,
+      [&](int64_t r0, int64_t r1, int) {
+        for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenTile) {
+          const int64_t nt = std::min(kTokenTile, n_tokens - t0);
+          for (int64_t r = r0; r < r1; ++r)
+            dot(w.data + r * w.row_bytes, w.k, acts.data + t0 * acts.stride, acts.stride, nt,
+                y + t0 * ldy + r, static_cast<size_t>(ldy));
+        }
+      },
+      grain);
+}
+
+}  // namespace barata

@@ -1,0 +1,90 @@
+#include "barata/model.h"
+
+#include "barata/error.h"
+
+namespace barata {
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? " x " : "") + std::to_string(s[i]);
+  return out;
+}
+
+const GgufTensorInfo& require(const GgufFile& f, const std::string& name,
+                              const std::vector<int64_t>& shape) {
+  const GgufTensorInfo* t = f.find_tensor(name);
+  if (t == nullptr) fail("{}: tensor {} is missing (expected shape {})", f.name(), name, shape_str(shape));
+  if (t->shape != shape)
+    fail("{}: tensor {}: expected shape {}, found {} ({})", f.name(), name, shape_str(shape),
+         shape_str(t->shape), dtype_name(t->type));
+  return *t;
+}
+
+WeightView matrix(const GgufFile& f, const std::string& name, int64_t k, int64_t n_rows) {
+  const GgufTensorInfo& t = require(f, name, {k, n_rows});
+  return WeightView{t.type, k, n_rows, t.data, dtype_bytes(t.type, k), &cpu_matmul_kernel(t.type)};
+}
+
+// 1-D tensors (norms, biases) are small: convert to float once, whatever the type.
+std::vector<float> vector_f32(const GgufFile& f, const std::string& name, int64_t n) {
+  const GgufTensorInfo& t = require(f, name, {n});
+  std::vector<float> out(static_cast<size_t>(n));
+  dtype_traits(t.type).dequantize_row(t.data, out.data(), n);
+  return out;
+}
+
+}  // namespace
+
+Model Model::load(const std::filesystem::path& path) { return from_gguf(GgufFile::open(path)); }
+
+Model Model::from_gguf(GgufFile file) {
+  Model m(std::move(file));
+  const GgufFile& f = m.file_;
+  m.cfg_ = ModelConfig::from_gguf(f);
+  const ModelConfig& c = m.cfg_;
+  const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
+  m.token_embd_ = matrix(f, "token_embd.weight", c.d_model, c.n_vocab);
+  m.output_ = c.tied_embeddings ? m.token_embd_ : matrix(f, "output.weight", c.d_model, c.n_vocab);
+  m.output_norm_ = vector_f32(f, "output_norm.weight", c.d_model);
+  if (c.rope_dims > c.head_dim || c.rope_dims % 2 != 0)
+    fail("{}: rope dimension count {} must be even and at most the head dim {}", f.name(),
+         c.rope_dims, c.head_dim);
+  m.layers_.resize(static_cast<size_t>(c.n_layer));
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    LayerWeights& L = m.layers_[static_cast<size_t>(i)];
+    L.attn_norm = vector_f32(f, p + "attn_norm.weight", c.d_model);
+    L.wq = matrix(f, p + "attn_q.weight", c.d_model, q_dim);
+    L.wk = matrix(f, p + "attn_k.weight", c.d_model, kv_dim);
+    L.wv = matrix(f, p + "attn_v.weight", c.d_model, kv_dim);
+    L.wo = matrix(f, p + "attn_output.weight", q_dim, c.d_model);
+    if (c.qkv_bias) {
+      L.bq = vector_f32(f, p + "attn_q.bias", q_dim);
+      L.bk = vector_f32(f, p + "attn_k.bias", kv_dim);
+      L.bv = vector_f32(f, p + "attn_v.bias", kv_dim);
+    }
+    L.ffn_norm = vector_f32(f, p + "ffn_norm.weight", c.d_model);
+    L.w_gate = matrix(f, p + "ffn_gate.weight", c.d_model, c.d_ff);
+    L.w_up = matrix(f, p + "ffn_up.weight", c.d_model, c.d_ff);
+    L.w_down = matrix(f, p + "ffn_down.weight", c.d_ff, c.d_model);
+  }
+  return m;
+}
+
+void Model::embed(int32_t token, float* out) const {
+  if (token < 0 || token >= cfg_.n_vocab)
+    fail("token id {} is outside the vocabulary (0..{})", token, cfg_.n_vocab - 1);
+  const WeightView& e = token_embd_;
+  dtype_traits(e.type).dequantize_row(e.data + static_cast<size_t>(token) * e.row_bytes, out, e.k);
+}
+
+int64_t Model::weight_bytes() const {
+  int64_t b = static_cast<int64_t>(output_.row_bytes) * output_.n_rows;
+  for (const auto& L : layers_)
+    for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+      b += static_cast<int64_t>(w->row_bytes) * w->n_rows;
+  return b;
+}
+
+}  // namespace barata

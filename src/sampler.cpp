@@ -1,0 +1,102 @@
+#include "barata/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+namespace barata {
+
+int32_t argmax(std::span<const float> logits) {
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+Sampler::Sampler(SamplerOptions opts) : opts_(opts), rng_(opts.seed) {}
+
+void Sampler::accept(int32_t token) {
+  if (opts_.repeat_last_n <= 0) return;
+  recent_.push_back(token);
+  while (static_cast<int>(recent_.size()) > opts_.repeat_last_n) recent_.pop_front();
+}
+
+int32_t Sampler::sample(std::span<float> logits) {
+  // Repetition penalty (CTRL paper form, as llama.cpp applies it): each token
+  // seen in the window once, positive logits divided, negative multiplied.
+  if (opts_.repeat_penalty != 1.0f && !recent_.empty()) {
+    std::unordered_set<int32_t> seen(recent_.begin(), recent_.end());
+    for (int32_t t : seen) {
+      if (t < 0 || static_cast<size_t>(t) >= logits.size()) continue;
+      float& l = logits[static_cast<size_t>(t)];
+      l = l > 0.0f ? l / opts_.repeat_penalty : l * opts_.repeat_penalty;
+    }
+  }
+  if (opts_.temperature <= 0.0f) return argmax(logits);
+
+  // Candidates sorted by logit, most likely first; top-k cuts the sort short.
+  const size_t n = logits.size();
+  size_t keep = opts_.top_k > 0 ? std::min(n, static_cast<size_t>(opts_.top_k)) : n;
+  cand_.resize(n);
+  for (size_t i = 0; i < n; ++i) cand_[i] = {logits[i], static_cast<int32_t>(i)};
+  auto by_logit = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  std::partial_sort(cand_.begin(), cand_.begin() + static_cast<long>(keep), cand_.end(), by_logit);
+  cand_.resize(keep);
+
+  // Probabilities at temperature 1 for top-p and min-p.
+  std::vector<float> p(keep);
+  const float mx = cand_[0].first;
+  double sum = 0.0;
+  for (size_t i = 0; i < keep; ++i) sum += p[i] = std::exp(cand_[i].first - mx);
+  for (auto& x : p) x = static_cast<float>(x / sum);
+  if (opts_.top_p < 1.0f) {
+    double cum = 0.0;
+    size_t cut = keep;
+    for (size_t i = 0; i < keep; ++i) {
+      cum += p[i];
+      if (cum >= opts_.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+    keep = cut;
+  }
+  if (opts_.min_p > 0.0f) {
+    const float floor = opts_.min_p * p[0];
+    size_t cut = 1;
+    while (cut < keep && p[cut] >= floor) ++cut;
+    keep = cut;
+  }
+
+  // Temperature, then a draw from what is left.
+  std::vector<double> w(keep);
+  double total = 0.0;
+  for (size_t i = 0; i < keep; ++i)
+    total += w[i] = std::exp(static_cast<double>(cand_[i].first - mx) / opts_.temperature);
+  std::uniform_real_distribution<double> u(0.0, total);
+  double r = u(rng_);
+  for (size_t i = 0; i < keep; ++i) {
+    if (r < w[i]) return cand_[i].second;
+    r -= w[i];
+  }
+  return cand_[keep - 1].second;
+}
+
+std::vector<std::pair<int32_t, float>> top_probs(std::span<const float> logits, float temperature,
+                                                 int k) {
+  const float t = temperature > 0.0f ? temperature : 1.0f;
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l - mx) / t);
+  std::vector<std::pair<float, int32_t>> c(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) c[i] = {logits[i], static_cast<int32_t>(i)};
+  const size_t kk = std::min(logits.size(), static_cast<size_t>(std::max(k, 0)));
+  std::partial_sort(c.begin(), c.begin() + static_cast<long>(kk), c.end(),
+                    [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::pair<int32_t, float>> out;
+  for (size_t i = 0; i < kk; ++i)
+    out.emplace_back(c[i].second,
+                     static_cast<float>(std::exp(static_cast<double>(c[i].first - mx) / t) / sum));
+  return out;
+}
+
+}  // namespace barata
