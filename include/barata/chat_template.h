@@ -1,0 +1,33 @@
+// Chat templates of instruct models, by family. The family is detected from
+// the markers in `tokenizer.chat_template` (a Jinja string barata does not
+// execute) or named with --chat-template.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace barata {
+
+enum class ChatFamily { kChatML, kLlama3, kGemma, kLlama2 };
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant"
+  std::string content;
+};
+
+const char* chat_family_name(ChatFamily f);  // "chatml", "llama3", "gemma", "llama2"
+const std::vector<std::string>& chat_family_names();
+std::optional<ChatFamily> detect_chat_family(std::string_view jinja);
+ChatFamily chat_family_from_name(std::string_view name);  // throws, listing the known names
+// The system prompt a ChatML template inserts when the conversation has none
+// (SmolLM2's does), or "".
+std::string default_system_prompt(std::string_view jinja);
+// The conversation as text, ending with the assistant's turn opened when
+// add_generation_prompt. Special markers appear as text: encode with
+// parse_special. The BOS token is left to the tokenizer.
+std::string apply_chat_template(ChatFamily f, const std::vector<ChatMessage>& messages,
+                                bool add_generation_prompt);
+
+}  // namespace barata
