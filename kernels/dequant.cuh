@@ -1,0 +1,22 @@
+// Quantized rows to fp16 on the device: the path that feeds cuBLAS half GEMMs.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "barata/dtype.h"
+
+namespace barata::cuda {
+
+// Dequantizes n elements of type `type` (n / block_size packed blocks at
+// d_src, any alignment) into n fp16 values at d_dst_f16, which must be 16-byte
+// aligned (cudaMalloc memory is). Asynchronous on `stream`. Each value is
+// computed in fp32 exactly as the CPU reference does, then rounded once to
+// nearest even, so results equal fp32_to_fp16(reference) bit for bit.
+// Supports Q8_0, Q4_0 and Q4_1; throws barata::Error for any other type, for n
+// not a whole number of blocks, or for a misaligned destination.
+void cuda_dequantize_to_f16(DType type, const void* d_src, void* d_dst_f16, int64_t n,
+                            cudaStream_t stream);
+
+}  // namespace barata::cuda
