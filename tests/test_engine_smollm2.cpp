@@ -1,0 +1,75 @@
+// The default model (SmolLM2-135M-Instruct, Q4_1) against llama.cpp b4748 on
+// the same file (tests/data/reference). Both quantize activations to 8 bits
+// for the quantized weights but round differently, so on this quantized model
+// the checks are teacher-forced: feed the reference sequence, compare each
+// step's top-1 and the reference's top-5 logits.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "barata/engine.h"
+#include "barata/sampler.h"
+#include "test_util.h"
+
+namespace barata {
+namespace {
+
+using nlohmann::json;
+
+TEST(EngineSmolLM2, TeacherForcedAgreementWithLlamaCpp) {
+  const auto model_path = test::source_dir() / "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(model_path))
+    GTEST_SKIP() << "default model not fetched (scripts/fetch-model.sh)";
+  const Model model = Model::load(model_path);
+  Engine engine(model, {.n_threads = 2, .n_ctx = 256});
+  const int64_t V = model.config().n_vocab;
+  std::ifstream f(test::source_dir() / "tests/data/reference/smollm2_llamacpp_b4748.jsonl");
+  int steps = 0, agree = 0, greedy_prefix_total = 0;
+  std::vector<double> dev;  // per step: worst |ours - theirs| over the reference top-5 / max |logit|
+  for (std::string line; std::getline(f, line);) {
+    const json r = json::parse(line);
+    const auto prompt = r["prompt_ids"].get<std::vector<int32_t>>();
+    const auto gen = r["generated_ids"].get<std::vector<int32_t>>();
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), gen.begin(), gen.end() - 1);
+    std::vector<float> logits(static_cast<size_t>(V) * all.size());
+    const int s = engine.new_sequence();
+    engine.prefill(s, all, logits.data(), /*all_logits=*/true);
+    engine.free_sequence(s);
+    bool prefix = true;
+    for (size_t i = 0; i < gen.size(); ++i) {
+      const float* lg = logits.data() + (prompt.size() - 1 + i) * static_cast<size_t>(V);
+      const auto& top5 = r["top5_logits_per_step"][i];
+      float scale = 0.0f;
+      for (const auto& p : top5) scale = std::max(scale, std::fabs(p[1].get<float>()));
+      double worst = 0.0;
+      for (const auto& p : top5)
+        worst = std::max(worst, std::fabs(lg[p[0].get<int>()] - p[1].get<double>()) / scale);
+      dev.push_back(worst);
+      const bool same = argmax({lg, static_cast<size_t>(V)}) == gen[i];
+      agree += same;
+      prefix = prefix && same;
+      greedy_prefix_total += prefix;
+      ++steps;
+    }
+  }
+  ASSERT_GT(steps, 100);
+  std::sort(dev.begin(), dev.end());
+  const double median = dev[dev.size() / 2], p95 = dev[dev.size() * 95 / 100];
+  std::printf("[ info ] teacher-forced top-1 agreement %d/%d, greedy prefix %d; logit deviation "
+              "(of the step's max |logit|): median %.4f, 95th percentile %.4f, worst %.4f\n",
+              agree, steps, greedy_prefix_total, median, p95, dev.back());
+  // Measured: 185/192, median 0.011, p95 0.045. The synthetic-model test shows
+  // the engine exact against float64; what is left here is the two engines'
+  // rounding (fp16 activation scales and attention in llama.cpp), which this
+  // 30-layer 4-bit model amplifies at a few steps.
+  EXPECT_GE(agree, steps * 95 / 100);
+  EXPECT_LT(median, 0.02);
+  EXPECT_LT(p95, 0.06);
+}
+
+}  // namespace
+}  // namespace barata
