@@ -28,15 +28,19 @@ struct BlockQ8Act {
 };
 static_assert(sizeof(BlockQ8Act) == 40);
 
-// out[t * out_stride] = dot(w_row, act row t) for t in [0, n_tokens).
-using DotRowsFn = void (*)(const uint8_t* w_row, int64_t k, const uint8_t* acts,
-                           size_t act_stride, int64_t n_tokens, float* out, size_t out_stride);
+// A tile of the product: out[t * ldy + r] = dot(weight row r, act row t) for
+// r in [0, n_rows) (rows row_bytes apart from w) and t in [0, n_tokens).
+// Each output's arithmetic is the same whatever the tile's size, so the
+// result never depends on batch width or threading.
+using DotTileFn = void (*)(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                           const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                           size_t ldy);
 
 struct MatmulKernel {
   DType type;
   const char* name;  // e.g. "q4_1.q8.avx2", "q6_k.dequant.f32"
   ActFormat act;
-  DotRowsFn dot_rows;
+  DotTileFn dot_tile;
 };
 
 // The kernel bound to weights of type t on this CPU.

@@ -45,61 +45,99 @@ inline const BlockQ8Act* act_row(const uint8_t* acts, size_t stride, int64_t t) 
 
 // Q4_0 and Q4_1 share one loop: a Q4_0 block is a Q4_1 block with min = -8d.
 // dot = sum_b (d_w d_x sum(q_w q_x) + m_w s_x), with s_x = d_x sum(q_x).
-template <typename Block, bool kHasMin>
-float dot_q4_q8(const Block* w, const BlockQ8Act* x, int64_t nb) {
-  float offset = 0.0f;
+// R rows against one activation row at a time: the activation block is loaded
+// once for R weight blocks, and the R accumulators are independent FMA chains
+// (one chain alone would wait on the 4-cycle FMA latency). Each row's
+// arithmetic is the same for every R.
+template <typename Block, bool kHasMin, int R>
+void dot_q4_q8(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64_t nb, float* out,
+               size_t out_stride) {
+  const Block* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const Block*>(w + r * row_bytes);
+  float off[R];
+  for (int r = 0; r < R; ++r) off[r] = 0.0f;
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const float dw = fp16_to_fp32(w[b].d);
-    const __m256i qw = unpack_nibbles(w[b].qs);
     const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].q));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * x[b].d), dot_u8_s8(qw, qx), acc);
-    if constexpr (kHasMin) {
-      offset += fp16_to_fp32(w[b].m) * x[b].s;
-    } else {
-      offset -= 8.0f * dw * x[b].s;
+    for (int r = 0; r < R; ++r) {
+      const Block& blk = rows[r][b];
+      const float dw = fp16_to_fp32(blk.d);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x[b].d), dot_u8_s8(unpack_nibbles(blk.qs), qx),
+                               acc[r]);
+      if constexpr (kHasMin) {
+        off[r] += fp16_to_fp32(blk.m) * x[b].s;
+      } else {
+        off[r] -= 8.0f * dw * x[b].s;
+      }
     }
   }
-  return hsum(acc) + offset;
+  for (int r = 0; r < R; ++r) out[r * out_stride] = hsum(acc[r]) + off[r];
 #else
-  float sum = 0.0f;
-  for (int64_t b = 0; b < nb; ++b) {
-    const float dw = fp16_to_fp32(w[b].d);
-    int isum = 0;
-    for (int j = 0; j < 16; ++j)
-      isum += (w[b].qs[j] & 0x0f) * x[b].q[j] + (w[b].qs[j] >> 4) * x[b].q[j + 16];
-    sum += dw * x[b].d * static_cast<float>(isum);
-    if constexpr (kHasMin) {
-      offset += fp16_to_fp32(w[b].m) * x[b].s;
-    } else {
-      offset -= 8.0f * dw * x[b].s;
+  for (int r = 0; r < R; ++r) {
+    float sum = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      const Block& blk = rows[r][b];
+      const float dw = fp16_to_fp32(blk.d);
+      int isum = 0;
+      for (int j = 0; j < 16; ++j)
+        isum += (blk.qs[j] & 0x0f) * x[b].q[j] + (blk.qs[j] >> 4) * x[b].q[j + 16];
+      sum += dw * x[b].d * static_cast<float>(isum);
+      if constexpr (kHasMin) {
+        off[r] += fp16_to_fp32(blk.m) * x[b].s;
+      } else {
+        off[r] -= 8.0f * dw * x[b].s;
+      }
     }
+    out[r * out_stride] = sum + off[r];
   }
-  return sum + offset;
 #endif
 }
 
-float dot_q8_q8(const BlockQ8_0* w, const BlockQ8Act* x, int64_t nb) {
+template <int R>
+void dot_q8_q8(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64_t nb, float* out,
+               size_t out_stride) {
+  const BlockQ8_0* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const BlockQ8_0*>(w + r * row_bytes);
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs));
     const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].q));
-    // maddubs wants one unsigned operand: |w| times x with w's sign.
-    const __m256 p = dot_u8_s8(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(w[b].d) * x[b].d), p, acc);
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8_0& blk = rows[r][b];
+      const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
+      // maddubs wants one unsigned operand: |w| times x with w's sign.
+      const __m256 p = dot_u8_s8(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(blk.d) * x[b].d), p, acc[r]);
+    }
   }
-  return hsum(acc);
+  for (int r = 0; r < R; ++r) out[r * out_stride] = hsum(acc[r]);
 #else
-  float sum = 0.0f;
-  for (int64_t b = 0; b < nb; ++b) {
-    int isum = 0;
-    for (int j = 0; j < 32; ++j) isum += w[b].qs[j] * x[b].q[j];
-    sum += fp16_to_fp32(w[b].d) * x[b].d * static_cast<float>(isum);
+  for (int r = 0; r < R; ++r) {
+    float sum = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      int isum = 0;
+      for (int j = 0; j < 32; ++j) isum += rows[r][b].qs[j] * x[b].q[j];
+      sum += fp16_to_fp32(rows[r][b].d) * x[b].d * static_cast<float>(isum);
+    }
+    out[r * out_stride] = sum;
   }
-  return sum;
 #endif
+}
+
+// Runs a row kernel over a tile: rows in groups of 4, then one at a time.
+template <void (*K4)(const uint8_t*, size_t, const BlockQ8Act*, int64_t, float*, size_t),
+          void (*K1)(const uint8_t*, size_t, const BlockQ8Act*, int64_t, float*, size_t)>
+void q8_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const uint8_t* acts,
+             size_t act_stride, int64_t n_tokens, float* out, size_t ldy) {
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const BlockQ8Act* x = act_row(acts, act_stride, t);
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) K4(w + r * row_bytes, row_bytes, x, k / 32, out + t * ldy + r, 1);
+    for (; r < n_rows; ++r) K1(w + r * row_bytes, row_bytes, x, k / 32, out + t * ldy + r, 1);
+  }
 }
 
 }  // namespace
@@ -149,34 +187,33 @@ float dot_f32(const float* a, const float* b, int64_t k) {
   return sum;
 }
 
-BARATA_DOT_ROWS(dot_rows_f32) {
-  const auto* w = reinterpret_cast<const float*>(w_row);
+BARATA_DOT_TILE(dot_tile_f32) {
   for (int64_t t = 0; t < n_tokens; ++t)
-    out[t * out_stride] = dot_f32(w, reinterpret_cast<const float*>(acts + t * act_stride), k);
+    for (int64_t r = 0; r < n_rows; ++r)
+      out[t * ldy + r] = dot_f32(reinterpret_cast<const float*>(w + r * row_bytes),
+                                 reinterpret_cast<const float*>(acts + t * act_stride), k);
 }
 
-BARATA_DOT_ROWS(dot_rows_f16) {
-  const auto* w = reinterpret_cast<const uint16_t*>(w_row);
+BARATA_DOT_TILE(dot_tile_f16) {
   for (int64_t t = 0; t < n_tokens; ++t)
-    out[t * out_stride] = dot_f16_f32(w, reinterpret_cast<const float*>(acts + t * act_stride), k);
+    for (int64_t r = 0; r < n_rows; ++r)
+      out[t * ldy + r] = dot_f16_f32(reinterpret_cast<const uint16_t*>(w + r * row_bytes),
+                                     reinterpret_cast<const float*>(acts + t * act_stride), k);
 }
 
-BARATA_DOT_ROWS(dot_rows_q4_0_q8) {
-  const auto* w = reinterpret_cast<const BlockQ4_0*>(w_row);
-  for (int64_t t = 0; t < n_tokens; ++t)
-    out[t * out_stride] = dot_q4_q8<BlockQ4_0, false>(w, act_row(acts, act_stride, t), k / 32);
+BARATA_DOT_TILE(dot_tile_q4_0_q8) {
+  q8_tile<dot_q4_q8<BlockQ4_0, false, 4>, dot_q4_q8<BlockQ4_0, false, 1>>(
+      w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
 }
 
-BARATA_DOT_ROWS(dot_rows_q4_1_q8) {
-  const auto* w = reinterpret_cast<const BlockQ4_1*>(w_row);
-  for (int64_t t = 0; t < n_tokens; ++t)
-    out[t * out_stride] = dot_q4_q8<BlockQ4_1, true>(w, act_row(acts, act_stride, t), k / 32);
+BARATA_DOT_TILE(dot_tile_q4_1_q8) {
+  q8_tile<dot_q4_q8<BlockQ4_1, true, 4>, dot_q4_q8<BlockQ4_1, true, 1>>(
+      w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
 }
 
-BARATA_DOT_ROWS(dot_rows_q8_0_q8) {
-  const auto* w = reinterpret_cast<const BlockQ8_0*>(w_row);
-  for (int64_t t = 0; t < n_tokens; ++t)
-    out[t * out_stride] = dot_q8_q8(w, act_row(acts, act_stride, t), k / 32);
+BARATA_DOT_TILE(dot_tile_q8_0_q8) {
+  q8_tile<dot_q8_q8<4>, dot_q8_q8<1>>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out,
+                                      ldy);
 }
 
 }  // namespace barata

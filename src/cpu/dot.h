@@ -1,4 +1,4 @@
-// Per-row dot-product kernels (see matmul.h for the DotRowsFn contract).
+// Dot-product tile kernels (see matmul.h for the DotTileFn contract).
 #pragma once
 
 #include <cstddef>
@@ -16,13 +16,13 @@ float dot_f32(const float* a, const float* b, int64_t k);
 float dot_f16_f32(const uint16_t* w, const float* x, int64_t k);
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t k);  // y += a * x
 
-#define BARATA_DOT_ROWS(name)                                                           \
-  void name(const uint8_t* w_row, int64_t k, const uint8_t* acts, size_t act_stride, \
-            int64_t n_tokens, float* out, size_t out_stride)
-BARATA_DOT_ROWS(dot_rows_f32);
-BARATA_DOT_ROWS(dot_rows_f16);
-BARATA_DOT_ROWS(dot_rows_q4_0_q8);
-BARATA_DOT_ROWS(dot_rows_q4_1_q8);
-BARATA_DOT_ROWS(dot_rows_q8_0_q8);
+#define BARATA_DOT_TILE(name)                                                              \
+  void name(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const uint8_t* acts, \
+            size_t act_stride, int64_t n_tokens, float* out, size_t ldy)
+BARATA_DOT_TILE(dot_tile_f32);
+BARATA_DOT_TILE(dot_tile_f16);
+BARATA_DOT_TILE(dot_tile_q4_0_q8);
+BARATA_DOT_TILE(dot_tile_q4_1_q8);
+BARATA_DOT_TILE(dot_tile_q8_0_q8);
 
 }  // namespace barata

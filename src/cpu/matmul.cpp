@@ -14,25 +14,27 @@ namespace {
 
 // Generic path: dequantize the weight row once (reference, exact), then one
 // fp32 dot per token. Correct for every type; the fast kernels beat it.
-void dot_rows_dequant(DequantizeRowFn deq, const uint8_t* w_row, int64_t k, const uint8_t* acts,
-                      size_t act_stride, int64_t n_tokens, float* out, size_t out_stride) {
+void dot_tile_dequant(DequantizeRowFn deq, const uint8_t* w, size_t row_bytes, int64_t n_rows,
+                      int64_t k, const uint8_t* acts, size_t act_stride, int64_t n_tokens,
+                      float* out, size_t ldy) {
   thread_local std::vector<float> row;
   if (static_cast<int64_t>(row.size()) < k) row.resize(static_cast<size_t>(k));
-  deq(w_row, row.data(), k);
-  for (int64_t t = 0; t < n_tokens; ++t)
-    out[t * out_stride] =
-        dot_f32(row.data(), reinterpret_cast<const float*>(acts + t * act_stride), k);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    deq(w + r * row_bytes, row.data(), k);
+    for (int64_t t = 0; t < n_tokens; ++t)
+      out[t * ldy + r] =
+          dot_f32(row.data(), reinterpret_cast<const float*>(acts + t * act_stride), k);
+  }
 }
 
 template <DType T>
-void dot_rows_generic(const uint8_t* w_row, int64_t k, const uint8_t* acts, size_t act_stride,
-                      int64_t n_tokens, float* out, size_t out_stride) {
-  dot_rows_dequant(dtype_traits(T).dequantize_row, w_row, k, acts, act_stride, n_tokens, out,
-                   out_stride);
+BARATA_DOT_TILE(dot_tile_generic) {
+  dot_tile_dequant(dtype_traits(T).dequantize_row, w, row_bytes, n_rows, k, acts, act_stride,
+                   n_tokens, out, ldy);
 }
 
 #define BARATA_GENERIC(T, name) \
-  MatmulKernel { DType::T, name, ActFormat::kF32, dot_rows_generic<DType::T> }
+  MatmulKernel { DType::T, name, ActFormat::kF32, dot_tile_generic<DType::T> }
 
 const std::array kReference = {
     BARATA_GENERIC(F32, "f32.dequant.f32"),     BARATA_GENERIC(F16, "f16.dequant.f32"),
@@ -45,11 +47,11 @@ const std::array kReference = {
 
 // Fast kernels where they exist; everything else falls back to the reference.
 const std::array kFast = {
-    MatmulKernel{DType::F32, "f32.f32" BARATA_DOT_ISA, ActFormat::kF32, dot_rows_f32},
-    MatmulKernel{DType::F16, "f16.f32" BARATA_DOT_ISA, ActFormat::kF32, dot_rows_f16},
-    MatmulKernel{DType::Q4_0, "q4_0.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_rows_q4_0_q8},
-    MatmulKernel{DType::Q4_1, "q4_1.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_rows_q4_1_q8},
-    MatmulKernel{DType::Q8_0, "q8_0.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_rows_q8_0_q8},
+    MatmulKernel{DType::F32, "f32.f32" BARATA_DOT_ISA, ActFormat::kF32, dot_tile_f32},
+    MatmulKernel{DType::F16, "f16.f32" BARATA_DOT_ISA, ActFormat::kF32, dot_tile_f16},
+    MatmulKernel{DType::Q4_0, "q4_0.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q4_0_q8},
+    MatmulKernel{DType::Q4_1, "q4_1.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q4_1_q8},
+    MatmulKernel{DType::Q8_0, "q8_0.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q8_0_q8},
 };
 
 }  // namespace
@@ -112,20 +114,22 @@ void matmul(ThreadPool& pool, const WeightView& w, const PreparedActs& acts, flo
   // Tokens in tiles so that a tile's activations stay in L2 while every row
   // of the chunk streams past them once.
   constexpr int64_t kTokenTile = 32;
-  const DotRowsFn dot = w.kernel->dot_rows;
+  // Rows in tiles of kRowTile so the weight tile stays in L1 across the tokens.
+  constexpr int64_t kRowTile = 16;
+  const DotTileFn dot = w.kernel->dot_tile;
   const int64_t n_tokens = acts.n_tokens;
-  const int64_t grain = n_tokens == 1 ? 16 : 4;
   pool.parallel_for(
       w.n_rows,
       [&](int64_t r0, int64_t r1, int) {
-        for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenTile) {
-          const int64_t nt = std::min(kTokenTile, n_tokens - t0);
-          for (int64_t r = r0; r < r1; ++r)
-            dot(w.data + r * w.row_bytes, w.k, acts.data + t0 * acts.stride, acts.stride, nt,
-                y + t0 * ldy + r, static_cast<size_t>(ldy));
+        for (int64_t rt = r0; rt < r1; rt += kRowTile) {
+          const int64_t nr = std::min(kRowTile, r1 - rt);
+          for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenTile)
+            dot(w.data + rt * w.row_bytes, w.row_bytes, nr, w.k, acts.data + t0 * acts.stride,
+                acts.stride, std::min(kTokenTile, n_tokens - t0), y + t0 * ldy + rt,
+                static_cast<size_t>(ldy));
         }
       },
-      grain);
+      16);
 }
 
 }  // namespace barata
