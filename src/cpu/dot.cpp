@@ -63,6 +63,9 @@ void dot_q4_q8(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64_t 
     const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].q));
     for (int r = 0; r < R; ++r) {
       const Block& blk = rows[r][b];
+      // The rows of the next group: a stream of short rows is too broken up
+      // for the hardware prefetcher to run far enough ahead on its own.
+      _mm_prefetch(reinterpret_cast<const char*>(&blk) + R * row_bytes, _MM_HINT_T0);
       const float dw = fp16_to_fp32(blk.d);
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x[b].d), dot_u8_s8(unpack_nibbles(blk.qs), qx),
                                acc[r]);
@@ -107,6 +110,7 @@ void dot_q8_q8(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64_t 
     const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].q));
     for (int r = 0; r < R; ++r) {
       const BlockQ8_0& blk = rows[r][b];
+      _mm_prefetch(reinterpret_cast<const char*>(&blk) + R * row_bytes, _MM_HINT_T0);
       const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
       // maddubs wants one unsigned operand: |w| times x with w's sign.
       const __m256 p = dot_u8_s8(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
