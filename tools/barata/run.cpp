@@ -37,6 +37,7 @@ struct RunArgs {
   int n_threads = 0;
   SamplerOptions sampling;
   bool no_cache = false, chat = false, json = false, truncate = false, no_bos = false;
+  bool parse_special = false;
   int top_logits = 0, show_probs = 0;
 };
 
@@ -57,7 +58,7 @@ int run(const RunArgs& a) {
   const double load_ms = ms_since(t_load);
 
   std::string text = a.prompt_file.empty() ? a.prompt : read_file(a.prompt_file);
-  bool parse_special = false;
+  bool parse_special = a.parse_special;
   if (a.chat) {
     ChatFamily family;
     if (!a.chat_template.empty()) {
@@ -235,6 +236,8 @@ Command add_run(CLI::App& app) {
   sub->add_option("--chat-template", a->chat_template, "chatml, llama3, gemma or llama2 (implies --chat)");
   sub->add_option("--system", a->system, "System prompt for --chat");
   sub->add_flag("--no-bos", a->no_bos, "Do not add the BOS token");
+  sub->add_flag("--parse-special", a->parse_special,
+                "Read control tokens such as <|im_start|> in the prompt as tokens (on with --chat)");
   sub->add_flag("--truncate", a->truncate, "Keep the end of a prompt longer than the context");
   sub->add_flag("--json", a->json, "Print prompt_ids, generated_ids, text and timings as JSON");
   sub->add_option("--top-logits", a->top_logits, "With --json: the K largest (id, logit) per step");
