@@ -1,0 +1,85 @@
+// `barata tokenize` end to end: output formats, text sources, errors.
+#include <array>
+#include <cstdio>
+#include <memory>
+
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace barata {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int status;
+  std::string out;  // stdout, or stdout + stderr
+};
+
+Result run(const std::string& args, bool with_stderr = false) {
+  const std::string cmd =
+      std::string(BARATA_CLI_PATH) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  std::string out;
+  std::array<char, 65536> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), n);
+  const int status = pclose(p.release());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+fs::path gpt2() {
+  return test::shared_dir() / "vocab" / "ggml-vocab-gpt-2.gguf";
+}
+
+TEST(TokenizerCli, IdsAndPairs) {
+  if (!fs::exists(gpt2())) GTEST_SKIP() << gpt2() << " is absent here";
+  const std::string m = "-m " + gpt2().string();
+  // "Hello world" -> 15496 995 in ggml-vocab-gpt-2.gguf.out.
+  EXPECT_EQ(run("tokenize " + m + " --ids 'Hello world'").out, "15496 995\n");
+  const Result pairs = run("tokenize " + m + " 'Hello world'");
+  EXPECT_EQ(pairs.status, 0);
+  EXPECT_EQ(pairs.out, " 15496 -> 'Hello'\n   995 -> ' world'\n2 tokens\n");
+  const Result counted = run("tokenize " + m + " --ids 'Hello world'", true);
+  EXPECT_NE(counted.out.find("2 tokens"), std::string::npos) << counted.out;
+}
+
+TEST(TokenizerCli, FileStdinAndEscapedPieces) {
+  if (!fs::exists(gpt2())) GTEST_SKIP() << gpt2() << " is absent here";
+  const std::string m = "-m " + gpt2().string();
+  test::TempDir dir;
+  const std::string text = "line\n\tnext";
+  test::write_bytes(dir / "t.txt", std::vector<uint8_t>(text.begin(), text.end()));
+  const Result from_file = run("tokenize " + m + " --ids -f " + (dir / "t.txt").string());
+  const Result from_stdin = run("tokenize " + m + " --ids < " + (dir / "t.txt").string());
+  EXPECT_EQ(from_file.status, 0);
+  EXPECT_FALSE(from_file.out.empty());
+  EXPECT_EQ(from_file.out, from_stdin.out);
+  // Pieces are shown on one line with control characters escaped.
+  const Result pairs = run("tokenize " + m + " -f " + (dir / "t.txt").string());
+  EXPECT_NE(pairs.out.find("'\\n'"), std::string::npos) << pairs.out;
+  EXPECT_EQ(run("tokenize " + m + " ''").out, "0 tokens\n");
+}
+
+TEST(TokenizerCli, BosAndSpecialFlags) {
+  const fs::path spm = test::shared_dir() / "vocab" / "ggml-vocab-llama-spm.gguf";
+  if (!fs::exists(spm)) GTEST_SKIP() << spm << " is absent here";
+  const std::string m = "-m " + spm.string();
+  // "Hello world" -> 15043 3186 in ggml-vocab-llama-spm.gguf.out; BOS is 1.
+  EXPECT_EQ(run("tokenize " + m + " --ids 'Hello world'").out, "1 15043 3186\n");
+  EXPECT_EQ(run("tokenize " + m + " --ids --no-bos 'Hello world'").out, "15043 3186\n");
+  EXPECT_EQ(run("tokenize " + m + " --ids --no-bos --parse-special '</s>'").out, "2\n");
+  EXPECT_NE(run("tokenize " + m + " --ids --no-bos '</s>'").out, "2\n");
+}
+
+TEST(TokenizerCli, ErrorsAreOneLineAndNonZero) {
+  const Result not_gguf =
+      run("tokenize -m " + (test::source_dir() / "README.md").string() + " x", true);
+  EXPECT_EQ(not_gguf.status, 1);
+  EXPECT_EQ(not_gguf.out.rfind("error: ", 0), 0u) << not_gguf.out;
+  EXPECT_NE(run("tokenize x", true).status, 0);  // -m is required
+}
+
+}  // namespace
+}  // namespace barata
