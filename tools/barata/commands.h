@@ -13,5 +13,7 @@ struct Command {
 };
 
 Command add_inspect(CLI::App& app);
+Command add_run(CLI::App& app);
+Command add_tokenize(CLI::App& app);
 
 }  // namespace barata::cli

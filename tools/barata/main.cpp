@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
 
   const std::vector<barata::cli::Command> commands = {
       barata::cli::add_inspect(app),
+      barata::cli::add_run(app),
+      barata::cli::add_tokenize(app),
   };
 
   try {
