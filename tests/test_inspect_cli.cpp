@@ -1,10 +1,6 @@
 // `barata inspect --json` on real files: the shapes it reports are the ones
 // the files hold (checked against facts stated in ../shared/MODELS.md and the
 // model cards).
-#include <array>
-#include <cstdio>
-#include <memory>
-
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -16,24 +12,10 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct Result {
-  int status;
-  std::string out;
-};
-
-Result run(const std::string& args) {
-  const std::string cmd = std::string(BARATA_CLI_PATH) + " " + args + " 2>/dev/null";
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::string out;
-  std::array<char, 65536> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), n);
-  const int status = pclose(p.release());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+const auto run = test::run_cli;
 
 json inspect(const fs::path& file) {
-  const Result r = run("inspect --json " + file.string());
+  const test::CliResult r = run("inspect --json " + file.string());
   EXPECT_EQ(r.status, 0) << file;
   return json::parse(r.out);
 }

@@ -1,9 +1,6 @@
 // `barata run` end to end on the shared tiny models: reference ids from text,
 // cache vs no cache through the CLI, --json fields, and the bad-input errors.
-#include <array>
-#include <cstdio>
 #include <fstream>
-#include <memory>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -16,20 +13,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct Result {
-  int status;
-  std::string out, err;
-};
-
-Result run(const std::string& args) {
-  test::TempDir dir;
-  const std::string cmd = std::string(BARATA_CLI_PATH) + " " + args + " >" + (dir / "out").string() +
-                          " 2>" + (dir / "err").string();
-  const int status = std::system(cmd.c_str());
-  const auto out = test::read_bytes(dir / "out"), err = test::read_bytes(dir / "err");
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, std::string(out.begin(), out.end()),
-          std::string(err.begin(), err.end())};
-}
+using Result = test::CliResult;
+const auto run = test::run_cli;
 
 fs::path tiny(const char* name) { return test::shared_dir() / "models" / name; }
 

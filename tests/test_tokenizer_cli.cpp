@@ -1,8 +1,4 @@
 // `barata tokenize` end to end: output formats, text sources, errors.
-#include <array>
-#include <cstdio>
-#include <memory>
-
 #include <gtest/gtest.h>
 
 #include "test_util.h"
@@ -14,19 +10,12 @@ namespace fs = std::filesystem;
 
 struct Result {
   int status;
-  std::string out;  // stdout, or stdout + stderr
+  std::string out;  // stdout, or stdout then stderr
 };
 
 Result run(const std::string& args, bool with_stderr = false) {
-  const std::string cmd =
-      std::string(BARATA_CLI_PATH) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::string out;
-  std::array<char, 65536> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), n);
-  const int status = pclose(p.release());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  const test::CliResult r = test::run_cli(args);
+  return {r.status, with_stderr ? r.out + r.err : r.out};
 }
 
 fs::path gpt2() {

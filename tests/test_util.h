@@ -2,12 +2,14 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <vector>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace barata::test {
@@ -49,6 +51,23 @@ inline TempDir::TempDir() {
   path_ = std::filesystem::temp_directory_path() /
           ("barata-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
   std::filesystem::create_directories(path_);
+}
+
+// Runs the barata binary through the shell with `args` (which may hold
+// quoting and redirections such as "< file"); stdout and stderr apart.
+struct CliResult {
+  int status;  // exit status, -1 when killed by a signal
+  std::string out, err;
+};
+
+inline CliResult run_cli(const std::string& args) {
+  TempDir dir;
+  const std::string cmd = std::string(BARATA_CLI_PATH) + " " + args + " >" +
+                          (dir / "out").string() + " 2>" + (dir / "err").string();
+  const int status = std::system(cmd.c_str());
+  const auto out = read_bytes(dir / "out"), err = read_bytes(dir / "err");
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, std::string(out.begin(), out.end()),
+          std::string(err.begin(), err.end())};
 }
 
 }  // namespace barata::test

@@ -9,12 +9,6 @@
 namespace barata::rows {
 namespace {
 
-int64_t n_blocks(int64_t n, int block, const char* type) {
-  if (n % block != 0)
-    fail("{}: {} elements is not a multiple of the block size {}", type, n, block);
-  return n / block;
-}
-
 // Unpacks the 6-bit scale and min of sub-block j (0..7) from the 12 packed
 // bytes: bytes 0-3 scales 0-3, bytes 4-7 mins 0-3, bytes 8-11 the low nibbles
 // of scales/mins 4-7, whose two high bits sit in the top of bytes 0-7.
@@ -32,7 +26,7 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
 
 void dequantize_q4_k(const void* src, float* dst, int64_t n) {
   const auto* b = static_cast<const BlockQ4_K*>(src);
-  for (int64_t i = 0, nb = n_blocks(n, kQK_K, "Q4_K"); i < nb; ++i) {
+  for (int64_t i = 0, nb = whole_blocks(n, kQK_K, "Q4_K"); i < nb; ++i) {
     const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
     // Each 32 bytes of qs hold two sub-blocks: low nibbles then high nibbles.
     for (int j = 0; j < 8; ++j, dst += 32) {
@@ -48,7 +42,7 @@ void dequantize_q4_k(const void* src, float* dst, int64_t n) {
 
 void dequantize_q5_k(const void* src, float* dst, int64_t n) {
   const auto* b = static_cast<const BlockQ5_K*>(src);
-  for (int64_t i = 0, nb = n_blocks(n, kQK_K, "Q5_K"); i < nb; ++i) {
+  for (int64_t i = 0, nb = whole_blocks(n, kQK_K, "Q5_K"); i < nb; ++i) {
     const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
     for (int j = 0; j < 8; ++j, dst += 32) {
       uint8_t sc, m;
@@ -66,7 +60,7 @@ void dequantize_q5_k(const void* src, float* dst, int64_t n) {
 
 void dequantize_q6_k(const void* src, float* dst, int64_t n) {
   const auto* b = static_cast<const BlockQ6_K*>(src);
-  for (int64_t i = 0, nb = n_blocks(n, kQK_K, "Q6_K"); i < nb; ++i, dst += kQK_K) {
+  for (int64_t i = 0, nb = whole_blocks(n, kQK_K, "Q6_K"); i < nb; ++i, dst += kQK_K) {
     const float d = fp16_to_fp32(b[i].d);
     // Two halves of 128; within a half, element e takes its low nibble from
     // ql[64h + e%64] (shift 4 for e >= 64) and two high bits from
@@ -83,7 +77,7 @@ void dequantize_q6_k(const void* src, float* dst, int64_t n) {
 
 void dequantize_iq4_nl(const void* src, float* dst, int64_t n) {
   const auto* b = static_cast<const BlockIQ4_NL*>(src);
-  for (int64_t i = 0, nb = n_blocks(n, kQK4_NL, "IQ4_NL"); i < nb; ++i, dst += kQK4_NL) {
+  for (int64_t i = 0, nb = whole_blocks(n, kQK4_NL, "IQ4_NL"); i < nb; ++i, dst += kQK4_NL) {
     const float d = fp16_to_fp32(b[i].d);
     for (int j = 0; j < kQK4_NL / 2; ++j) {
       dst[j] = d * static_cast<float>(kIQ4NLValues[b[i].qs[j] & 0x0f]);

@@ -26,12 +26,6 @@ namespace {
 // (llama.cpp's GROUP_MAX_EPS).
 constexpr float kGroupMaxEps = 1e-15f;
 
-int64_t whole_blocks(int64_t n, int64_t block, const char* type) {
-  if (n < 0 || n % block != 0)
-    fail("cannot quantize {} values to {}: not a whole number of blocks of {}", n, type, block);
-  return n / block;
-}
-
 // Round to nearest, ties to even. Adding 1.5 * 2^23 pushes the integer part into
 // the low mantissa bits; this is how llama.cpp rounds (nearest_int), and using the
 // same trick keeps results identical even for inputs outside its valid range.

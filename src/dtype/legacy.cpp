@@ -14,12 +14,6 @@
 namespace barata::rows {
 namespace {
 
-int64_t n_blocks(int64_t n, int block, const char* type) {
-  if (n % block != 0)
-    fail("{}: {} elements is not a multiple of the block size {}", type, n, block);
-  return n / block;
-}
-
 // The element of largest magnitude, sign kept (the first one on ties).
 float signed_absmax(const float* x, int n) {
   float amax = 0.0f, max = 0.0f;
@@ -50,7 +44,7 @@ inline int min_int(int a, int b) {
 // ---- Q4_0: x = d * (q - 8) ------------------------------------------------------
 void dequantize_q4_0(const void* src, float* dst, int64_t n) {
   const auto* b = static_cast<const BlockQ4_0*>(src);
-  for (int64_t i = 0, nb = n_blocks(n, kQK4_0, "Q4_0"); i < nb; ++i, dst += kQK4_0) {
+  for (int64_t i = 0, nb = whole_blocks(n, kQK4_0, "Q4_0"); i < nb; ++i, dst += kQK4_0) {
     const float d = fp16_to_fp32(b[i].d);
     for (int j = 0; j < kQK4_0 / 2; ++j) {
       dst[j] = d * static_cast<float>((b[i].qs[j] & 0x0f) - 8);
@@ -61,7 +55,7 @@ void dequantize_q4_0(const void* src, float* dst, int64_t n) {
 
 void quantize_q4_0(const float* src, void* dst, int64_t n) {
   auto* b = static_cast<BlockQ4_0*>(dst);
-  for (int64_t i = 0, nb = n_blocks(n, kQK4_0, "Q4_0"); i < nb; ++i, src += kQK4_0) {
+  for (int64_t i = 0, nb = whole_blocks(n, kQK4_0, "Q4_0"); i < nb; ++i, src += kQK4_0) {
     const float d = signed_absmax(src, kQK4_0) / -8;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     b[i].d = fp32_to_fp16(d);
@@ -76,7 +70,7 @@ void quantize_q4_0(const float* src, void* dst, int64_t n) {
 // ---- Q4_1: x = d * q + m ----------------------------------------------------------
 void dequantize_q4_1(const void* src, float* dst, int64_t n) {
   const auto* b = static_cast<const BlockQ4_1*>(src);
-  for (int64_t i = 0, nb = n_blocks(n, kQK4_1, "Q4_1"); i < nb; ++i, dst += kQK4_1) {
+  for (int64_t i = 0, nb = whole_blocks(n, kQK4_1, "Q4_1"); i < nb; ++i, dst += kQK4_1) {
     const float d = fp16_to_fp32(b[i].d), m = fp16_to_fp32(b[i].m);
     for (int j = 0; j < kQK4_1 / 2; ++j) {
       dst[j] = d * static_cast<float>(b[i].qs[j] & 0x0f) + m;
@@ -87,7 +81,7 @@ void dequantize_q4_1(const void* src, float* dst, int64_t n) {
 
 void quantize_q4_1(const float* src, void* dst, int64_t n) {
   auto* b = static_cast<BlockQ4_1*>(dst);
-  for (int64_t i = 0, nb = n_blocks(n, kQK4_1, "Q4_1"); i < nb; ++i, src += kQK4_1) {
+  for (int64_t i = 0, nb = whole_blocks(n, kQK4_1, "Q4_1"); i < nb; ++i, src += kQK4_1) {
     float min, max;
     min_max(src, kQK4_1, min, max);
     const float d = (max - min) / 15;
@@ -116,7 +110,7 @@ inline void store_qh(uint8_t qh[4], uint32_t v) {
 
 void dequantize_q5_0(const void* src, float* dst, int64_t n) {
   const auto* b = static_cast<const BlockQ5_0*>(src);
-  for (int64_t i = 0, nb = n_blocks(n, kQK5_0, "Q5_0"); i < nb; ++i, dst += kQK5_0) {
+  for (int64_t i = 0, nb = whole_blocks(n, kQK5_0, "Q5_0"); i < nb; ++i, dst += kQK5_0) {
     const float d = fp16_to_fp32(b[i].d);
     const uint32_t qh = load_qh(b[i].qh);
     for (int j = 0; j < kQK5_0 / 2; ++j) {
@@ -129,7 +123,7 @@ void dequantize_q5_0(const void* src, float* dst, int64_t n) {
 
 void quantize_q5_0(const float* src, void* dst, int64_t n) {
   auto* b = static_cast<BlockQ5_0*>(dst);
-  for (int64_t i = 0, nb = n_blocks(n, kQK5_0, "Q5_0"); i < nb; ++i, src += kQK5_0) {
+  for (int64_t i = 0, nb = whole_blocks(n, kQK5_0, "Q5_0"); i < nb; ++i, src += kQK5_0) {
     const float d = signed_absmax(src, kQK5_0) / -16;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     b[i].d = fp32_to_fp16(d);
@@ -147,7 +141,7 @@ void quantize_q5_0(const float* src, void* dst, int64_t n) {
 
 void dequantize_q5_1(const void* src, float* dst, int64_t n) {
   const auto* b = static_cast<const BlockQ5_1*>(src);
-  for (int64_t i = 0, nb = n_blocks(n, kQK5_1, "Q5_1"); i < nb; ++i, dst += kQK5_1) {
+  for (int64_t i = 0, nb = whole_blocks(n, kQK5_1, "Q5_1"); i < nb; ++i, dst += kQK5_1) {
     const float d = fp16_to_fp32(b[i].d), m = fp16_to_fp32(b[i].m);
     const uint32_t qh = load_qh(b[i].qh);
     for (int j = 0; j < kQK5_1 / 2; ++j) {
@@ -160,7 +154,7 @@ void dequantize_q5_1(const void* src, float* dst, int64_t n) {
 
 void quantize_q5_1(const float* src, void* dst, int64_t n) {
   auto* b = static_cast<BlockQ5_1*>(dst);
-  for (int64_t i = 0, nb = n_blocks(n, kQK5_1, "Q5_1"); i < nb; ++i, src += kQK5_1) {
+  for (int64_t i = 0, nb = whole_blocks(n, kQK5_1, "Q5_1"); i < nb; ++i, src += kQK5_1) {
     float min, max;
     min_max(src, kQK5_1, min, max);
     const float d = (max - min) / 31;
@@ -182,7 +176,7 @@ void quantize_q5_1(const float* src, void* dst, int64_t n) {
 // ---- Q8_0: x = d * q --------------------------------------------------------------
 void dequantize_q8_0(const void* src, float* dst, int64_t n) {
   const auto* b = static_cast<const BlockQ8_0*>(src);
-  for (int64_t i = 0, nb = n_blocks(n, kQK8_0, "Q8_0"); i < nb; ++i, dst += kQK8_0) {
+  for (int64_t i = 0, nb = whole_blocks(n, kQK8_0, "Q8_0"); i < nb; ++i, dst += kQK8_0) {
     const float d = fp16_to_fp32(b[i].d);
     for (int j = 0; j < kQK8_0; ++j) dst[j] = static_cast<float>(b[i].qs[j]) * d;
   }
@@ -190,7 +184,7 @@ void dequantize_q8_0(const void* src, float* dst, int64_t n) {
 
 void quantize_q8_0(const float* src, void* dst, int64_t n) {
   auto* b = static_cast<BlockQ8_0*>(dst);
-  for (int64_t i = 0, nb = n_blocks(n, kQK8_0, "Q8_0"); i < nb; ++i, src += kQK8_0) {
+  for (int64_t i = 0, nb = whole_blocks(n, kQK8_0, "Q8_0"); i < nb; ++i, src += kQK8_0) {
     float amax = 0.0f;
     for (int j = 0; j < kQK8_0; ++j) amax = std::fmax(amax, std::fabs(src[j]));
     const float d = amax / 127;

@@ -4,7 +4,16 @@
 
 #include <cstdint>
 
+#include "barata/error.h"
+
 namespace barata::rows {
+
+// n / block, or an error naming the type when n is not a whole number of blocks.
+inline int64_t whole_blocks(int64_t n, int64_t block, const char* type) {
+  if (n < 0 || n % block != 0)
+    fail("{}: {} elements is not a whole number of blocks of {}", type, n, block);
+  return n / block;
+}
 
 #define BARATA_ROW_FNS(T)                                      \
   void dequantize_##T(const void* src, float* dst, int64_t n); \
