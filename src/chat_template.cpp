@@ -50,7 +50,8 @@ std::string apply_chat_template(ChatFamily f, const std::vector<ChatMessage>& me
   std::string out;
   switch (f) {
     case ChatFamily::kChatML:
-      for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      for (const auto& m : messages)
+        out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
       if (add_generation_prompt) out += "<|im_start|>assistant\n";
       break;
     case ChatFamily::kLlama3:

@@ -47,7 +47,9 @@ Engine::Engine(const Model& model, EngineOptions opts)
 
 Engine::~Engine() = default;
 
-int Engine::n_threads() const { return pool_->size(); }
+int Engine::n_threads() const {
+  return pool_->size();
+}
 
 void Engine::ensure_scratch(int64_t n) {
   if (n <= scratch_rows_) return;
@@ -86,7 +88,8 @@ void Engine::prefill(int seq, std::span<const int32_t> tokens, float* logits, bo
 }
 
 void Engine::decode(std::span<const int> seqs, std::span<const int32_t> tokens, float* logits) {
-  if (seqs.size() != tokens.size()) fail("internal: decode of {} sequences with {} tokens", seqs.size(), tokens.size());
+  if (seqs.size() != tokens.size())
+    fail("internal: decode of {} sequences with {} tokens", seqs.size(), tokens.size());
   std::vector<Row> rows;
   std::vector<int> logit_rows;
   for (size_t i = 0; i < seqs.size(); ++i) {

@@ -6,8 +6,7 @@
 
 namespace barata {
 
-PagedKvCache::PagedKvCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim,
-                           int64_t max_tokens)
+PagedKvCache::PagedKvCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t max_tokens)
     : n_layer_(n_layer),
       kv_dim_(n_head_kv * head_dim),
       block_bytes_(2 * n_layer * kBlockTokens * n_head_kv * head_dim * 2),
@@ -84,13 +83,15 @@ void PagedKvCache::append(int seq, int64_t n) {
     release_block(old);
     s.blocks.back() = fresh;
   }
-  while (static_cast<int64_t>(s.blocks.size()) * kBlockTokens < end) s.blocks.push_back(take_block());
+  while (static_cast<int64_t>(s.blocks.size()) * kBlockTokens < end)
+    s.blocks.push_back(take_block());
   s.n_tokens = end;
 }
 
 uint16_t* PagedKvCache::slot(int64_t layer, int seq, int64_t pos, int kv) const {
   const Sequence& s = seqs_[static_cast<size_t>(seq)];
-  uint16_t* block = blocks_[static_cast<size_t>(s.blocks[static_cast<size_t>(pos / kBlockTokens)])].get();
+  uint16_t* block =
+      blocks_[static_cast<size_t>(s.blocks[static_cast<size_t>(pos / kBlockTokens)])].get();
   // Block layout: [layer][K|V][token in block][kv_dim].
   return block + ((layer * 2 + kv) * kBlockTokens + pos % kBlockTokens) * kv_dim_;
 }

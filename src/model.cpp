@@ -14,7 +14,8 @@ std::string shape_str(const std::vector<int64_t>& s) {
 const GgufTensorInfo& require(const GgufFile& f, const std::string& name,
                               const std::vector<int64_t>& shape) {
   const GgufTensorInfo* t = f.find_tensor(name);
-  if (t == nullptr) fail("{}: tensor {} is missing (expected shape {})", f.name(), name, shape_str(shape));
+  if (t == nullptr)
+    fail("{}: tensor {} is missing (expected shape {})", f.name(), name, shape_str(shape));
   if (t->shape != shape)
     fail("{}: tensor {}: expected shape {}, found {} ({})", f.name(), name, shape_str(shape),
          shape_str(t->shape), dtype_name(t->type));
@@ -36,7 +37,9 @@ std::vector<float> vector_f32(const GgufFile& f, const std::string& name, int64_
 
 }  // namespace
 
-Model Model::load(const std::filesystem::path& path) { return from_gguf(GgufFile::open(path)); }
+Model Model::load(const std::filesystem::path& path) {
+  return from_gguf(GgufFile::open(path));
+}
 
 Model Model::from_gguf(GgufFile file) {
   Model m(std::move(file));

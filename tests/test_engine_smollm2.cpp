@@ -28,7 +28,8 @@ TEST(EngineSmolLM2, TeacherForcedAgreementWithLlamaCpp) {
   const int64_t V = model.config().n_vocab;
   std::ifstream f(test::source_dir() / "tests/data/reference/smollm2_llamacpp_b4748.jsonl");
   int steps = 0, agree = 0, greedy_prefix_total = 0;
-  std::vector<double> dev;  // per step: worst |ours - theirs| over the reference top-5 / max |logit|
+  std::vector<double>
+      dev;  // per step: worst |ours - theirs| over the reference top-5 / max |logit|
   for (std::string line; std::getline(f, line);) {
     const json r = json::parse(line);
     const auto prompt = r["prompt_ids"].get<std::vector<int32_t>>();
@@ -59,9 +60,10 @@ TEST(EngineSmolLM2, TeacherForcedAgreementWithLlamaCpp) {
   ASSERT_GT(steps, 100);
   std::sort(dev.begin(), dev.end());
   const double median = dev[dev.size() / 2], p95 = dev[dev.size() * 95 / 100];
-  std::printf("[ info ] teacher-forced top-1 agreement %d/%d, greedy prefix %d; logit deviation "
-              "(of the step's max |logit|): median %.4f, 95th percentile %.4f, worst %.4f\n",
-              agree, steps, greedy_prefix_total, median, p95, dev.back());
+  std::printf(
+      "[ info ] teacher-forced top-1 agreement %d/%d, greedy prefix %d; logit deviation "
+      "(of the step's max |logit|): median %.4f, 95th percentile %.4f, worst %.4f\n",
+      agree, steps, greedy_prefix_total, median, p95, dev.back());
   // Measured: 185/192, median 0.011, p95 0.045. The synthetic-model test shows
   // the engine exact against float64; what is left here is the two engines'
   // rounding (fp16 activation scales and attention in llama.cpp), which this
@@ -111,9 +113,10 @@ TEST(EngineSmolLM2, GreedyRunsDivergeOnlyAtNearTies) {
     EXPECT_LT(gap, 0.03 * std::fabs(step[0][1].get<double>()))
         << r["prompt"] << ": diverged at step " << i << " where llama.cpp's choice was clear";
   }
-  std::printf("[ info ] greedy: %d of %d prompts equal for all steps, %d equal steps before the "
-              "first divergence\n",
-              full_matches, prompts, equal_steps);
+  std::printf(
+      "[ info ] greedy: %d of %d prompts equal for all steps, %d equal steps before the "
+      "first divergence\n",
+      full_matches, prompts, equal_steps);
   EXPECT_GE(full_matches, 1);
   EXPECT_GE(equal_steps, 80);
 }

@@ -53,7 +53,8 @@ Synthetic make_model(const Shape& s, uint32_t seed) {
   w.set(a + "context_length", GgufValue(uint32_t(64)));
   w.set(a + "rope.freq_base", GgufValue(10000.0f));
   w.set(a + "attention.layer_norm_rms_epsilon", GgufValue(1e-5f));
-  if (s.head_dim != s.d_model / s.n_head) w.set(a + "attention.key_length", GgufValue(uint32_t(s.head_dim)));
+  if (s.head_dim != s.d_model / s.n_head)
+    w.set(a + "attention.key_length", GgufValue(uint32_t(s.head_dim)));
 
   auto tensor = [&](const std::string& name, int64_t k, int64_t rows, float scale, DType type,
                     float offset = 0.0f) {
@@ -62,7 +63,8 @@ Synthetic make_model(const Shape& s, uint32_t seed) {
     std::vector<uint8_t> bytes(dtype_bytes(type, k * rows));
     dtype_traits(type).quantize_row(v.data(), bytes.data(), k * rows);
     dtype_traits(type).dequantize_row(bytes.data(), v.data(), k * rows);
-    std::vector<int64_t> shape = rows == 1 ? std::vector<int64_t>{k} : std::vector<int64_t>{k, rows};
+    std::vector<int64_t> shape =
+        rows == 1 ? std::vector<int64_t>{k} : std::vector<int64_t>{k, rows};
     w.add_tensor(name, type, shape, std::move(bytes));
     return std::vector<double>(v.begin(), v.end());
   };
@@ -90,8 +92,10 @@ Synthetic make_model(const Shape& s, uint32_t seed) {
     L.wd = tensor(p + "ffn_down.weight", s.d_ff, s.d_model, 0.3f, wt);
     m.layers.push_back(std::move(L));
   }
-  if (!s.tied) m.out = tensor("output.weight", s.d_model, s.n_vocab, 0.5f, wt);
-  else m.out = m.embd;
+  if (!s.tied)
+    m.out = tensor("output.weight", s.d_model, s.n_vocab, 0.5f, wt);
+  else
+    m.out = m.embd;
   m.gguf = w.to_bytes();
   return m;
 }
@@ -130,7 +134,9 @@ std::vector<double> rms(const std::vector<double>& x, const std::vector<double>&
   return y;
 }
 
-double fp16_round(double v) { return fp16_to_fp32(fp32_to_fp16(static_cast<float>(v))); }
+double fp16_round(double v) {
+  return fp16_to_fp32(fp32_to_fp16(static_cast<float>(v)));
+}
 
 // Logits (n_tokens, n_vocab) of every position.
 std::vector<std::vector<double>> reference(const Shape& s, const Synthetic& m,
@@ -143,7 +149,8 @@ std::vector<std::vector<double>> reference(const Shape& s, const Synthetic& m,
   auto rope = [&](double* v, int64_t pos) {
     for (int64_t i = 0; i < hd / 2; ++i) {
       const double th = pos * std::pow(10000.0, -2.0 * i / hd);
-      const int64_t a = s.arch == "qwen2" ? i : 2 * i, b = s.arch == "qwen2" ? i + hd / 2 : 2 * i + 1;
+      const int64_t a = s.arch == "qwen2" ? i : 2 * i,
+                    b = s.arch == "qwen2" ? i + hd / 2 : 2 * i + 1;
       const double x0 = v[a], x1 = v[b];
       v[a] = x0 * std::cos(th) - x1 * std::sin(th);
       v[b] = x0 * std::sin(th) + x1 * std::cos(th);
@@ -229,7 +236,8 @@ TEST_P(EngineSynthetic, LogitsMatchFloat64Reference) {
   std::vector<float> all(static_cast<size_t>(V * toks.size()));
   int seq = engine.new_sequence();
   engine.prefill(seq, toks, all.data(), true);
-  for (int64_t t = 0; t < static_cast<int64_t>(toks.size()); ++t) check(all.data() + t * V, t, "prefill");
+  for (int64_t t = 0; t < static_cast<int64_t>(toks.size()); ++t)
+    check(all.data() + t * V, t, "prefill");
   // Prefill of 5, then decode one by one, in two interleaved sequences (batch of 2).
   engine.free_sequence(seq);
   const int a = engine.new_sequence(), b = engine.new_sequence();
@@ -250,10 +258,10 @@ TEST_P(EngineSynthetic, LogitsMatchFloat64Reference) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, EngineSynthetic,
     ::testing::Values(
-        Shape{"llama", 2, 48, 6, 2, 8, 100, 77, false, false, DType::F32},     // GQA 3:1, odd d_ff
-        Shape{"llama", 2, 64, 4, 4, 16, 96, 50, true, false, DType::F16},      // MHA, tied
-        Shape{"qwen2", 2, 64, 4, 2, 16, 160, 61, true, true, DType::F32},      // NeoX, biases, tied
-        Shape{"qwen2", 1, 64, 2, 1, 40, 128, 40, false, true, DType::F32},     // head_dim != d/heads
+        Shape{"llama", 2, 48, 6, 2, 8, 100, 77, false, false, DType::F32},  // GQA 3:1, odd d_ff
+        Shape{"llama", 2, 64, 4, 4, 16, 96, 50, true, false, DType::F16},   // MHA, tied
+        Shape{"qwen2", 2, 64, 4, 2, 16, 160, 61, true, true, DType::F32},   // NeoX, biases, tied
+        Shape{"qwen2", 1, 64, 2, 1, 40, 128, 40, false, true, DType::F32},  // head_dim != d/heads
         Shape{"llama", 2, 64, 4, 2, 16, 128, 64, false, false, DType::Q8_0},
         Shape{"llama", 2, 64, 4, 2, 16, 128, 64, false, false, DType::Q4_1},
         Shape{"qwen2", 2, 64, 4, 2, 16, 128, 64, true, true, DType::Q4_0}),

@@ -16,10 +16,12 @@ using nlohmann::json;
 using Result = test::CliResult;
 const auto run = test::run_cli;
 
-fs::path tiny(const char* name) { return test::shared_dir() / "models" / name; }
+fs::path tiny(const char* name) {
+  return test::shared_dir() / "models" / name;
+}
 
-#define REQUIRE_SHARED()                                                       \
-  if (!fs::exists(tiny("stories260K.gguf")))                                   \
+#define REQUIRE_SHARED()                     \
+  if (!fs::exists(tiny("stories260K.gguf"))) \
     GTEST_SKIP() << "../shared/models is absent on this machine";
 
 TEST(RunCli, GreedyFromTextMatchesTheReference) {
@@ -80,18 +82,21 @@ TEST(RunCli, PromptLongerThanTheContextIsAnError) {
   REQUIRE_SHARED();
   std::string words;
   for (int i = 0; i < 40; ++i) words += "the dog ran ";
-  const Result r = run("run -m " + tiny("stories260K.gguf").string() + " -c 16 -p \"" + words + "\"");
+  const Result r =
+      run("run -m " + tiny("stories260K.gguf").string() + " -c 16 -p \"" + words + "\"");
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(r.err.rfind("error: the prompt has ", 0), 0u) << r.err;
   EXPECT_NE(r.err.find("the context holds 16"), std::string::npos) << r.err;
-  const Result t = run("run -m " + tiny("stories260K.gguf").string() + " -c 16 -n 4 --temp 0 --truncate -p \"" + words + "\"");
+  const Result t = run("run -m " + tiny("stories260K.gguf").string() +
+                       " -c 16 -n 4 --temp 0 --truncate -p \"" + words + "\"");
   EXPECT_EQ(t.status, 0) << t.err;
   EXPECT_NE(t.err.find("truncated"), std::string::npos);
 }
 
 TEST(RunCli, GenerationStopsAtTheContextLimit) {
   REQUIRE_SHARED();
-  const Result r = run("run -m " + tiny("stories260K.gguf").string() + " -c 24 -n 100 --temp 0 --json -p Once");
+  const Result r =
+      run("run -m " + tiny("stories260K.gguf").string() + " -c 24 -n 100 --temp 0 --json -p Once");
   ASSERT_EQ(r.status, 0) << r.err;
   const json j = json::parse(r.out);
   EXPECT_EQ(j["stop"], "context_full");
@@ -104,7 +109,9 @@ TEST(RunCli, BadInput) {
   const std::string m = " -m " + tiny("stories260K.gguf").string();
   Result r = run("run" + m + " -p hi --chat-template vicuna");
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.err.find("unknown chat template 'vicuna' (known: chatml, llama3, gemma, llama2)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("unknown chat template 'vicuna' (known: chatml, llama3, gemma, llama2)"),
+            std::string::npos)
+      << r.err;
   r = run("run" + m + " -p hi --chat");  // the tiny models carry no chat template
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("--chat-template"), std::string::npos) << r.err;

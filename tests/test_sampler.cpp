@@ -50,8 +50,10 @@ TEST(Sampler, MinPDropsTokensBelowAFractionOfTheBest) {
 
 TEST(Sampler, TemperatureSharpens) {
   const std::vector<float> l = {1.0f, 0.0f};
-  const auto hot = histogram({.temperature = 2.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f}, l, 4000);
-  const auto cold = histogram({.temperature = 0.25f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f}, l, 4000);
+  const auto hot =
+      histogram({.temperature = 2.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f}, l, 4000);
+  const auto cold =
+      histogram({.temperature = 0.25f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f}, l, 4000);
   EXPECT_GT(cold.at(0), hot.at(0));
   EXPECT_GT(hot.at(1), 800);  // p(1) = 1/(1+e^0.5) ~ 0.38 at T=2
 }
@@ -93,14 +95,16 @@ TEST(Sampler, TopProbsIsASoftmaxAtTemperature) {
 
 TEST(ChatTemplate, FamiliesAndDetection) {
   const std::vector<ChatMessage> m = {{"system", "S"}, {"user", "U"}};
-  EXPECT_EQ(apply_chat_template(ChatFamily::kChatML, m, true),
-            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(
+      apply_chat_template(ChatFamily::kChatML, m, true),
+      "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
   EXPECT_EQ(apply_chat_template(ChatFamily::kLlama3, m, true),
             "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_"
             "header_id|>\n\nU<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
   EXPECT_EQ(apply_chat_template(ChatFamily::kGemma, m, true),
             "<start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\n");
-  EXPECT_EQ(apply_chat_template(ChatFamily::kLlama2, m, true), "[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST]");
+  EXPECT_EQ(apply_chat_template(ChatFamily::kLlama2, m, true),
+            "[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST]");
   EXPECT_EQ(detect_chat_family("{{ '<|im_start|>' + role }}"), ChatFamily::kChatML);
   EXPECT_EQ(detect_chat_family("<|start_header_id|>"), ChatFamily::kLlama3);
   EXPECT_EQ(detect_chat_family("<start_of_turn>"), ChatFamily::kGemma);

@@ -34,8 +34,12 @@ class PagedKvCache {
 
   // K of kBlockTokens consecutive tokens starting at block-aligned pos, as
   // [token][n_head_kv * head_dim]; same for V.
-  const uint16_t* k_block(int64_t layer, int seq, int64_t pos) const { return slot(layer, seq, pos, 0); }
-  const uint16_t* v_block(int64_t layer, int seq, int64_t pos) const { return slot(layer, seq, pos, 1); }
+  const uint16_t* k_block(int64_t layer, int seq, int64_t pos) const {
+    return slot(layer, seq, pos, 0);
+  }
+  const uint16_t* v_block(int64_t layer, int seq, int64_t pos) const {
+    return slot(layer, seq, pos, 1);
+  }
 
   int64_t bytes_per_token() const { return block_bytes_ / kBlockTokens; }
   int64_t bytes_per_block() const { return block_bytes_; }

@@ -22,8 +22,8 @@ class ThreadPool;
 enum class ActFormat { kF32, kQ8 };
 
 struct BlockQ8Act {
-  float d;        // scale: x ~= d * q
-  float s;        // d * sum(q), for the weight types with an offset
+  float d;  // scale: x ~= d * q
+  float s;  // d * sum(q), for the weight types with an offset
   int8_t q[32];
 };
 static_assert(sizeof(BlockQ8Act) == 40);

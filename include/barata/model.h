@@ -13,16 +13,16 @@
 namespace barata {
 
 struct LayerWeights {
-  std::vector<float> attn_norm;  // (d_model)
-  WeightView wq;                 // (n_head * head_dim rows, d_model)
-  WeightView wk;                 // (n_head_kv * head_dim rows, d_model)
-  WeightView wv;                 // (n_head_kv * head_dim rows, d_model)
-  WeightView wo;                 // (d_model rows, n_head * head_dim)
-  std::vector<float> bq, bk, bv; // (rows of wq / wk / wv), qwen2 only; empty otherwise
-  std::vector<float> ffn_norm;   // (d_model)
-  WeightView w_gate;             // (d_ff rows, d_model)
-  WeightView w_up;               // (d_ff rows, d_model)
-  WeightView w_down;             // (d_model rows, d_ff)
+  std::vector<float> attn_norm;   // (d_model)
+  WeightView wq;                  // (n_head * head_dim rows, d_model)
+  WeightView wk;                  // (n_head_kv * head_dim rows, d_model)
+  WeightView wv;                  // (n_head_kv * head_dim rows, d_model)
+  WeightView wo;                  // (d_model rows, n_head * head_dim)
+  std::vector<float> bq, bk, bv;  // (rows of wq / wk / wv), qwen2 only; empty otherwise
+  std::vector<float> ffn_norm;    // (d_model)
+  WeightView w_gate;              // (d_ff rows, d_model)
+  WeightView w_up;                // (d_ff rows, d_model)
+  WeightView w_down;              // (d_model rows, d_ff)
 };
 
 class Model {
@@ -36,7 +36,9 @@ class Model {
   const GgufFile& file() const { return file_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
   const WeightView& token_embd() const { return token_embd_; }  // (n_vocab rows, d_model)
-  const WeightView& output() const { return output_; }  // (n_vocab rows, d_model); token_embd when tied
+  const WeightView& output() const {
+    return output_;
+  }  // (n_vocab rows, d_model); token_embd when tied
   const std::vector<float>& output_norm() const { return output_norm_; }  // (d_model)
 
   // Row `token` of the embedding table as floats (any dtype).

@@ -13,12 +13,12 @@
 namespace barata {
 
 struct SamplerOptions {
-  float temperature = 0.8f;   // <= 0: greedy (argmax)
-  int top_k = 40;             // <= 0: off
-  float top_p = 0.95f;        // >= 1: off
-  float min_p = 0.05f;        // <= 0: off
+  float temperature = 0.8f;     // <= 0: greedy (argmax)
+  int top_k = 40;               // <= 0: off
+  float top_p = 0.95f;          // >= 1: off
+  float min_p = 0.05f;          // <= 0: off
   float repeat_penalty = 1.0f;  // 1: off; > 1 discourages repeats
-  int repeat_last_n = 64;     // window of the penalty
+  int repeat_last_n = 64;       // window of the penalty
   uint64_t seed = 0xba7a7a;
 };
 

@@ -139,7 +139,8 @@ void q8_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, cons
   for (int64_t t = 0; t < n_tokens; ++t) {
     const BlockQ8Act* x = act_row(acts, act_stride, t);
     int64_t r = 0;
-    for (; r + 4 <= n_rows; r += 4) K4(w + r * row_bytes, row_bytes, x, k / 32, out + t * ldy + r, 1);
+    for (; r + 4 <= n_rows; r += 4)
+      K4(w + r * row_bytes, row_bytes, x, k / 32, out + t * ldy + r, 1);
     for (; r < n_rows; ++r) K1(w + r * row_bytes, row_bytes, x, k / 32, out + t * ldy + r, 1);
   }
 }
@@ -153,8 +154,7 @@ float dot_f16_f32(const uint16_t* w, const float* x, int64_t k) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   for (; i + 16 <= k; i += 16) {
     const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i)));
-    const __m256 w1 =
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i + 8)));
+    const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i + 8)));
     a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), a0);
     a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), a1);
   }

@@ -16,7 +16,7 @@ float dot_f32(const float* a, const float* b, int64_t k);
 float dot_f16_f32(const uint16_t* w, const float* x, int64_t k);
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t k);  // y += a * x
 
-#define BARATA_DOT_TILE(name)                                                              \
+#define BARATA_DOT_TILE(name)                                                                   \
   void name(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const uint8_t* acts, \
             size_t act_stride, int64_t n_tokens, float* out, size_t ldy)
 BARATA_DOT_TILE(dot_tile_f32);

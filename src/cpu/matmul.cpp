@@ -33,16 +33,18 @@ BARATA_DOT_TILE(dot_tile_generic) {
                    n_tokens, out, ldy);
 }
 
-#define BARATA_GENERIC(T, name) \
-  MatmulKernel { DType::T, name, ActFormat::kF32, dot_tile_generic<DType::T> }
+#define BARATA_GENERIC(T, name)                                 \
+  MatmulKernel {                                                \
+    DType::T, name, ActFormat::kF32, dot_tile_generic<DType::T> \
+  }
 
 const std::array kReference = {
-    BARATA_GENERIC(F32, "f32.dequant.f32"),     BARATA_GENERIC(F16, "f16.dequant.f32"),
-    BARATA_GENERIC(BF16, "bf16.dequant.f32"),   BARATA_GENERIC(Q4_0, "q4_0.dequant.f32"),
-    BARATA_GENERIC(Q4_1, "q4_1.dequant.f32"),   BARATA_GENERIC(Q5_0, "q5_0.dequant.f32"),
-    BARATA_GENERIC(Q5_1, "q5_1.dequant.f32"),   BARATA_GENERIC(Q8_0, "q8_0.dequant.f32"),
-    BARATA_GENERIC(Q4_K, "q4_k.dequant.f32"),   BARATA_GENERIC(Q5_K, "q5_k.dequant.f32"),
-    BARATA_GENERIC(Q6_K, "q6_k.dequant.f32"),   BARATA_GENERIC(IQ4_NL, "iq4_nl.dequant.f32"),
+    BARATA_GENERIC(F32, "f32.dequant.f32"),   BARATA_GENERIC(F16, "f16.dequant.f32"),
+    BARATA_GENERIC(BF16, "bf16.dequant.f32"), BARATA_GENERIC(Q4_0, "q4_0.dequant.f32"),
+    BARATA_GENERIC(Q4_1, "q4_1.dequant.f32"), BARATA_GENERIC(Q5_0, "q5_0.dequant.f32"),
+    BARATA_GENERIC(Q5_1, "q5_1.dequant.f32"), BARATA_GENERIC(Q8_0, "q8_0.dequant.f32"),
+    BARATA_GENERIC(Q4_K, "q4_k.dequant.f32"), BARATA_GENERIC(Q5_K, "q5_k.dequant.f32"),
+    BARATA_GENERIC(Q6_K, "q6_k.dequant.f32"), BARATA_GENERIC(IQ4_NL, "iq4_nl.dequant.f32"),
 };
 
 // Fast kernels where they exist; everything else falls back to the reference.

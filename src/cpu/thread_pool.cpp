@@ -65,7 +65,8 @@ void ThreadPool::worker(int index) {
   uint64_t seen = 0;
   for (;;) {
     // Spin a little: the next region usually starts within microseconds.
-    for (int spin = 0; spin < 20000 && generation_.load(std::memory_order_acquire) == seen; ++spin) {
+    for (int spin = 0; spin < 20000 && generation_.load(std::memory_order_acquire) == seen;
+         ++spin) {
       if (spin < 2000) {
         _mm_pause();
       } else {

@@ -13,7 +13,8 @@ inline std::string default_model_path() {
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    for (fs::path dir = exe.parent_path(); !dir.empty() && dir != dir.parent_path(); dir = dir.parent_path()) {
+    for (fs::path dir = exe.parent_path(); !dir.empty() && dir != dir.parent_path();
+         dir = dir.parent_path()) {
       if (fs::exists(dir / "models" / name)) return (dir / "models" / name).string();
     }
   }

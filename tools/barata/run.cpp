@@ -66,12 +66,14 @@ int run(const RunArgs& a) {
     } else if (auto f = detect_chat_family(tok.chat_template())) {
       family = *f;
     } else {
-      fail("{}: cannot tell the chat template family from tokenizer.chat_template; name one with "
-           "--chat-template ({})",
-           path, "chatml, llama3, gemma, llama2");
+      fail(
+          "{}: cannot tell the chat template family from tokenizer.chat_template; name one with "
+          "--chat-template ({})",
+          path, "chatml, llama3, gemma, llama2");
     }
     std::vector<ChatMessage> msgs;
-    const std::string system = a.system.empty() ? default_system_prompt(tok.chat_template()) : a.system;
+    const std::string system =
+        a.system.empty() ? default_system_prompt(tok.chat_template()) : a.system;
     if (!system.empty()) msgs.push_back({"system", system});
     msgs.push_back({"user", text});
     text = apply_chat_template(family, msgs, true);
@@ -82,9 +84,10 @@ int run(const RunArgs& a) {
   if (prompt.empty()) fail("the prompt is empty (give -p TEXT or -f FILE)");
   if (static_cast<int64_t>(prompt.size()) >= n_ctx) {
     if (!a.truncate)
-      fail("the prompt has {} tokens but the context holds {} (raise -c, or --truncate to keep "
-           "the last part)",
-           prompt.size(), n_ctx);
+      fail(
+          "the prompt has {} tokens but the context holds {} (raise -c, or --truncate to keep "
+          "the last part)",
+          prompt.size(), n_ctx);
     const size_t keep = static_cast<size_t>(n_ctx - std::min<int64_t>(a.n_predict, n_ctx / 2));
     prompt.erase(prompt.begin(), prompt.end() - static_cast<long>(keep));
     fmt::print(stderr, "note: prompt truncated to its last {} tokens\n", keep);
@@ -127,7 +130,10 @@ int run(const RunArgs& a) {
         if (!a.json) {
           std::string line = "\n[probs";
           for (const auto& e : tp)
-            line += fmt::format(" {}:{:.4f}", nlohmann::json(tok.token_to_piece(e[0].get<int32_t>())).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), e[1].get<float>());
+            line += fmt::format(" {}:{:.4f}",
+                                nlohmann::json(tok.token_to_piece(e[0].get<int32_t>()))
+                                    .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                                e[1].get<float>());
           fmt::print(stderr, "{}]\n", line);
         }
       }
@@ -190,9 +196,8 @@ int run(const RunArgs& a) {
       {"kv_cache", !a.no_cache},
   };
   if (a.json) {
-    nlohmann::json j = {{"model", path},           {"prompt_ids", prompt},
-                        {"generated_ids", generated}, {"text", out_text},
-                        {"stop", stop_reason},     {"timings", timings}};
+    nlohmann::json j = {{"model", path},    {"prompt_ids", prompt}, {"generated_ids", generated},
+                        {"text", out_text}, {"stop", stop_reason},  {"timings", timings}};
     if (!steps.empty()) j["steps"] = steps;
     fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
@@ -216,14 +221,18 @@ int run(const RunArgs& a) {
 Command add_run(CLI::App& app) {
   auto* sub = app.add_subcommand("run", "Generate text from a prompt");
   auto a = std::make_shared<RunArgs>();
-  sub->add_option("-m,--model", a->model, "GGUF file (default: the model scripts/fetch-model.sh fetches)")
+  sub->add_option("-m,--model", a->model,
+                  "GGUF file (default: the model scripts/fetch-model.sh fetches)")
       ->check(CLI::ExistingFile);
   sub->add_option("-p,--prompt", a->prompt, "Prompt text");
-  sub->add_option("-f,--file", a->prompt_file, "Read the prompt from a file")->check(CLI::ExistingFile);
-  sub->add_option("-n,--n-predict", a->n_predict, "Tokens to generate")->check(CLI::Range(0, 1 << 30));
+  sub->add_option("-f,--file", a->prompt_file, "Read the prompt from a file")
+      ->check(CLI::ExistingFile);
+  sub->add_option("-n,--n-predict", a->n_predict, "Tokens to generate")
+      ->check(CLI::Range(0, 1 << 30));
   sub->add_option("-c,--ctx-size", a->n_ctx, "Context size (default: the model's, at most 4096)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
-  sub->add_option("-t,--threads", a->n_threads, "Threads (default: hardware threads)")->check(CLI::Range(1, 1024));
+  sub->add_option("-t,--threads", a->n_threads, "Threads (default: hardware threads)")
+      ->check(CLI::Range(1, 1024));
   sub->add_option("--temp", a->sampling.temperature, "Temperature; 0 = greedy");
   sub->add_option("--top-k", a->sampling.top_k, "Top-k (0 = off)");
   sub->add_option("--top-p", a->sampling.top_p, "Top-p (1 = off)");
@@ -233,15 +242,18 @@ Command add_run(CLI::App& app) {
   sub->add_option("-s,--seed", a->sampling.seed, "Random seed");
   sub->add_flag("--no-kv-cache", a->no_cache, "Recompute the whole sequence at every step");
   sub->add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template");
-  sub->add_option("--chat-template", a->chat_template, "chatml, llama3, gemma or llama2 (implies --chat)");
+  sub->add_option("--chat-template", a->chat_template,
+                  "chatml, llama3, gemma or llama2 (implies --chat)");
   sub->add_option("--system", a->system, "System prompt for --chat");
   sub->add_flag("--no-bos", a->no_bos, "Do not add the BOS token");
-  sub->add_flag("--parse-special", a->parse_special,
-                "Read control tokens such as <|im_start|> in the prompt as tokens (on with --chat)");
+  sub->add_flag(
+      "--parse-special", a->parse_special,
+      "Read control tokens such as <|im_start|> in the prompt as tokens (on with --chat)");
   sub->add_flag("--truncate", a->truncate, "Keep the end of a prompt longer than the context");
   sub->add_flag("--json", a->json, "Print prompt_ids, generated_ids, text and timings as JSON");
   sub->add_option("--top-logits", a->top_logits, "With --json: the K largest (id, logit) per step");
-  sub->add_option("--show-probs", a->show_probs, "The K most likely tokens and probabilities at --temp, each step");
+  sub->add_option("--show-probs", a->show_probs,
+                  "The K most likely tokens and probabilities at --temp, each step");
   sub->callback([a] {
     if (!a->chat_template.empty()) a->chat = true;
     if (a->prompt.empty() && a->prompt_file.empty()) throw CLI::RequiredError("-p or -f");
