@@ -92,9 +92,10 @@ Config read_config(const ConfigReader& r, const std::string& model_name, hf::Met
   } else if (cls == "Qwen2ForCausalLM") {
     c.arch = "qwen2";
   } else {
-    fail("{}: key 'architectures' is {}: unsupported (supported: LlamaForCausalLM, "
-         "Qwen2ForCausalLM)",
-         r.file(), archs.dump());
+    fail(
+        "{}: key 'architectures' is {}: unsupported (supported: LlamaForCausalLM, "
+        "Qwen2ForCausalLM)",
+        r.file(), archs.dump());
   }
   if (const json* rs = r.find("rope_scaling"))
     fail("{}: key 'rope_scaling' is {}: RoPE scaling is not supported", r.file(), rs->dump());
@@ -243,8 +244,7 @@ std::vector<Located> locate_tensors(const std::filesystem::path& dir,
         inputs.push_back(path);
       }
       const SafetensorsTensor* t = f->find(name);
-      if (t == nullptr)
-        fail("{}: tensor '{}' is not in shard '{}'", index.string(), name, s);
+      if (t == nullptr) fail("{}: tensor '{}' is not in shard '{}'", index.string(), name, s);
       out.push_back({f, t});
     }
   } else if (std::filesystem::exists(single, ec)) {
@@ -304,8 +304,8 @@ SourceModel load_hf_checkpoint(const std::filesystem::path& dir) {
       const int64_t rows = t.shape[0];
       const int64_t cols = t.n_elements / rows;
       if (rows != heads * c.head_dim || c.head_dim % 2 != 0)
-        fail("{}: tensor '{}' has {} rows, expected {} heads x {} (head_dim, even)",
-             l.file->name(), t.name, rows, heads, c.head_dim);
+        fail("{}: tensor '{}' has {} rows, expected {} heads x {} (head_dim, even)", l.file->name(),
+             t.name, rows, heads, c.head_dim);
       st.load = [f = l.file, p = &t, heads, rows, cols] {
         return permute_rows(safetensors_to_f32(*p), heads, rows, cols);
       };

@@ -130,9 +130,10 @@ void add_tokenizer_metadata(const std::filesystem::path& dir, const json& config
   if (type != "BPE")
     fail("{}: model.type is '{}': only byte-level BPE tokenizers are supported", file, type);
   if (model.value("byte_fallback", false))
-    fail("{}: model.byte_fallback is true (a SentencePiece-style BPE): only byte-level BPE "
-         "tokenizers are supported",
-         file);
+    fail(
+        "{}: model.byte_fallback is true (a SentencePiece-style BPE): only byte-level BPE "
+        "tokenizers are supported",
+        file);
   PreInfo pre;
   collect_pre(tj.value("pre_tokenizer", json()), file, pre);
   if (!pre.byte_level)
@@ -196,8 +197,8 @@ void add_tokenizer_metadata(const std::filesystem::path& dir, const json& config
   if (merges.empty()) fail("{}: model.merges is empty", file);
 
   const bool clean = tc.value("clean_up_tokenization_spaces", true);
-  const std::string pre_name = choose_pre(pre.regexes, clean, model.value("ignore_merges", false),
-                                          file);
+  const std::string pre_name =
+      choose_pre(pre.regexes, clean, model.value("ignore_merges", false), file);
 
   md.emplace_back("tokenizer.ggml.model", "gpt2");
   md.emplace_back("tokenizer.ggml.pre", pre_name);

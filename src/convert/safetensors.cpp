@@ -51,7 +51,8 @@ namespace {
 uint64_t json_u64(const json& v, const std::string& file, const std::string& tensor,
                   const char* field) {
   if (v.is_number_unsigned()) return v.get<uint64_t>();
-  if (v.is_number_integer() && v.get<int64_t>() >= 0) return static_cast<uint64_t>(v.get<int64_t>());
+  if (v.is_number_integer() && v.get<int64_t>() >= 0)
+    return static_cast<uint64_t>(v.get<int64_t>());
   fail("{}: tensor '{}': {} holds {}, expected a non-negative integer", file, tensor, field,
        v.dump());
 }
@@ -87,16 +88,14 @@ void SafetensorsFile::parse() {
     SafetensorsTensor t;
     t.name = name;
     const auto dt = entry.find("dtype");
-    if (dt == entry.end() || !dt->is_string())
-      fail("{}: tensor '{}': no dtype string", file, name);
+    if (dt == entry.end() || !dt->is_string()) fail("{}: tensor '{}': no dtype string", file, name);
     t.dtype = dt->get<std::string>();
     const size_t elem = safetensors_dtype_size(t.dtype);
     if (elem == 0)
       fail("{}: tensor '{}': unsupported dtype '{}' (supported: F32, F16, BF16)", file, name,
            t.dtype);
     const auto sh = entry.find("shape");
-    if (sh == entry.end() || !sh->is_array())
-      fail("{}: tensor '{}': no shape array", file, name);
+    if (sh == entry.end() || !sh->is_array()) fail("{}: tensor '{}': no shape array", file, name);
     uint64_t count = 1;
     for (const auto& d : *sh) {
       const uint64_t v = json_u64(d, file, name, "shape");
@@ -114,8 +113,8 @@ void SafetensorsFile::parse() {
     const uint64_t b = json_u64((*off)[0], file, name, "data_offsets");
     const uint64_t e = json_u64((*off)[1], file, name, "data_offsets");
     if (b > e || e > data_size)
-      fail("{}: tensor '{}': data_offsets [{}, {}] outside the {}-byte data section", file, name,
-           b, e, data_size);
+      fail("{}: tensor '{}': data_offsets [{}, {}] outside the {}-byte data section", file, name, b,
+           e, data_size);
     if (e - b != want)
       fail("{}: tensor '{}': data_offsets [{}, {}] hold {} bytes, but {} {} needs {}", file, name,
            b, e, e - b, sh->dump(), t.dtype, want);
