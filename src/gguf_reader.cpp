@@ -323,8 +323,16 @@ void GgufFile::parse() {
     if (ti.shape[0] % tr->block_size != 0)
       fail("{}: {}: row length {} is not a multiple of the {} block size {}", file, what,
            ti.shape[0], tr->name, tr->block_size);
-    if (mul_overflows(n_elements / tr->block_size, tr->bytes_per_block, ti.n_bytes))
+    // rows x (row header + blocks per row x block bytes) + tensor header
+    uint64_t row_bytes = 0;
+    if (mul_overflows(static_cast<uint64_t>(ti.shape[0]) / tr->block_size, tr->bytes_per_block,
+                      row_bytes) ||
+        row_bytes > std::numeric_limits<uint64_t>::max() - tr->row_header ||
+        mul_overflows(n_elements / static_cast<uint64_t>(ti.shape[0]), row_bytes + tr->row_header,
+                      ti.n_bytes) ||
+        ti.n_bytes > std::numeric_limits<uint64_t>::max() - tr->tensor_header)
       fail("{}: {}: byte size overflows 64 bits", file, what);
+    ti.n_bytes += tr->tensor_header;
     ti.offset = c.read<uint64_t>(what + " offset");
     if (ti.offset % alignment_ != 0)
       fail("{}: {}: data offset {} is not a multiple of the alignment {}", file, what, ti.offset,

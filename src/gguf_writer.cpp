@@ -149,8 +149,9 @@ void GgufWriter::add_tensor(const std::string& name, DType type, std::vector<int
          shape[0], dtype_name(type), dtype_traits(type).block_size);
   for (const auto& t : tensors_)
     if (t.name == name) fail("GGUF writer: duplicate tensor name {}", name);
+  const size_t n_bytes = tensor_bytes(type, shape);
   tensors_.push_back(
-      {name, type, std::move(shape), static_cast<const uint8_t*>(data), dtype_bytes(type, n), {}});
+      {name, type, std::move(shape), static_cast<const uint8_t*>(data), n_bytes, {}});
 }
 
 void GgufWriter::add_tensor(const std::string& name, DType type, std::vector<int64_t> shape,

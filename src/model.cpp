@@ -24,14 +24,14 @@ const GgufTensorInfo& require(const GgufFile& f, const std::string& name,
 
 WeightView matrix(const GgufFile& f, const std::string& name, int64_t k, int64_t n_rows) {
   const GgufTensorInfo& t = require(f, name, {k, n_rows});
-  return WeightView{t.type, k, n_rows, t.data, dtype_bytes(t.type, k), &cpu_matmul_kernel(t.type)};
+  return make_weight_view(t.type, k, n_rows, t.data);
 }
 
 // 1-D tensors (norms, biases) are small: convert to float once, whatever the type.
 std::vector<float> vector_f32(const GgufFile& f, const std::string& name, int64_t n) {
   const GgufTensorInfo& t = require(f, name, {n});
   std::vector<float> out(static_cast<size_t>(n));
-  dtype_traits(t.type).dequantize_row(t.data, out.data(), n);
+  dequantize_tensor_row(t.type, t.data, n, 0, out.data());
   return out;
 }
 
@@ -80,6 +80,8 @@ void Model::embed(int32_t token, float* out) const {
     fail("token id {} is outside the vocabulary (0..{})", token, cfg_.n_vocab - 1);
   const WeightView& e = token_embd_;
   dtype_traits(e.type).dequantize_row(e.data + static_cast<size_t>(token) * e.row_bytes, out, e.k);
+  if (e.scale != 1.0f)
+    for (int64_t j = 0; j < e.k; ++j) out[j] *= e.scale;
 }
 
 int64_t Model::weight_bytes() const {

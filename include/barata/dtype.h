@@ -24,9 +24,26 @@ enum class DType : uint32_t {
   Q6_K = 14,
   IQ4_NL = 20,
   BF16 = 30,
+  // barata's own schemes (docs/quantize.md). Ids far above llama.cpp's range
+  // (< 64 in 2026) so that no reader mistakes them for one of its types; a
+  // file using them says so in its `barata.quant.*` metadata.
+  I8_TENSOR = 1000,  // int8, one fp32 scale per matrix
+  I8_ROW = 1001,     // int8, one fp32 scale per row
+  I4_TENSOR = 1002,  // int4 levels -8..7, one fp32 scale per matrix
+  I4_ROW = 1003,     // int4, one fp32 scale per row
+  I4_G128 = 1004,    // int4, one fp16 scale per 128 weights of a row
+  NF4_B64 = 1005,    // NF4 code book, one fp16 absmax per 64 weights
 };
 
+// Where a type's scales live. Block types keep them inside each block; the
+// others put a header before each row or before the first row, so their byte
+// size depends on the shape and not only on the element count.
+enum class ScaleScope : uint8_t { kBlock, kRow, kTensor };
+
 // src holds n / block_size whole blocks; n must be a multiple of block_size.
+// For kRow types src is one whole row including its header and n its length;
+// for kTensor types the output is at unit scale (times tensor_scale() later)
+// and quantize_row is nullptr: use quantize_tensor().
 using DequantizeRowFn = void (*)(const void* src, float* dst, int64_t n);
 using QuantizeRowFn = void (*)(const float* src, void* dst, int64_t n);
 
@@ -38,6 +55,10 @@ struct DTypeTraits {
   bool is_quantized;
   DequantizeRowFn dequantize_row;  // reference, scalar, exact (bit-equal to gguf-py)
   QuantizeRowFn quantize_row;      // reference; nullptr where llama.cpp defines none
+  ScaleScope scope = ScaleScope::kBlock;
+  size_t row_header = 0;     // bytes before each row (kRow: its fp32 scale)
+  size_t tensor_header = 0;  // bytes before the first row (kTensor: fp32 scale + padding)
+  bool is_private = false;   // barata's own type: other readers cannot load it
 
   double bits_per_weight() const { return 8.0 * bytes_per_block / block_size; }
 };
@@ -52,7 +73,32 @@ inline const char* dtype_name(DType t) {
 }
 
 // Bytes of n_elements of type t; n_elements must be a multiple of the block
-// size (throws barata::Error otherwise).
+// size (throws barata::Error otherwise). Block-scoped types only: for the
+// others use tensor_bytes().
 size_t dtype_bytes(DType t, int64_t n_elements);
+
+// Bytes of one row of k elements, its header included (throws when k is not
+// a whole number of blocks).
+size_t row_bytes(DType t, int64_t k);
+// Bytes of a tensor: shape in ggml order (shape[0] is the row length).
+size_t tensor_bytes(DType t, std::span<const int64_t> shape);
+size_t tensor_bytes(DType t, int64_t k, int64_t n_rows);
+// Where the rows start inside a tensor's data, and its one scale (1 unless kTensor).
+const uint8_t* tensor_rows(DType t, const uint8_t* tensor);
+float tensor_scale(DType t, const uint8_t* tensor);
+
+// Whole-matrix conversions valid for every type (the kTensor types need the
+// whole matrix to pick their scale). dst of quantize_tensor has
+// tensor_bytes(t, k, n_rows) bytes.
+void quantize_tensor(DType t, const float* src, int64_t k, int64_t n_rows, uint8_t* dst);
+void dequantize_tensor(DType t, const uint8_t* src, int64_t k, int64_t n_rows, float* dst);
+// Row r only (embedding lookups).
+void dequantize_tensor_row(DType t, const uint8_t* tensor, int64_t k, int64_t r, float* dst);
+
+// The pieces of quantize_tensor, for callers that spread rows over threads:
+// the header (scale) of the whole matrix first, then any range of rows.
+void quantize_tensor_header(DType t, const float* src, int64_t k, int64_t n_rows, uint8_t* dst);
+void quantize_tensor_rows(DType t, const float* src, int64_t k, int64_t row0, int64_t n,
+                          uint8_t* dst);
 
 }  // namespace barata

@@ -43,8 +43,10 @@ struct MatmulKernel {
   DotTileFn dot_tile;
 };
 
-// The kernel bound to weights of type t on this CPU.
-const MatmulKernel& cpu_matmul_kernel(DType t);
+// The kernel bound to weights of type t with rows of k on this CPU (the
+// 8-bit-activation kernels need k to be a multiple of 32; other rows get the
+// reference kernel).
+const MatmulKernel& cpu_matmul_kernel(DType t, int64_t k);
 // The generic kernel (dequantize a row, fp32 dot) for any type: the reference
 // that the fast kernels are tested against.
 const MatmulKernel& cpu_reference_kernel(DType t);
@@ -57,7 +59,12 @@ struct WeightView {
   const uint8_t* data;
   size_t row_bytes;
   const MatmulKernel* kernel;
+  float scale = 1.0f;  // the matrix's one scale (per-tensor types), applied after the dot
 };
+
+// The view of a GGUF tensor's data (data points at the tensor, header included):
+// rows, row stride, scale and the kernel for this CPU.
+WeightView make_weight_view(DType type, int64_t k, int64_t n_rows, const uint8_t* tensor_data);
 
 // Activations converted once for a kernel's ActFormat, reused by every weight
 // that reads the same input (q, k and v; gate and up).

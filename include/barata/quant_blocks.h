@@ -65,6 +65,40 @@ struct BlockIQ4_NL {
 };
 #pragma pack(pop)
 
+// barata's own block types (docs/quantize.md). The 4-bit ones pack each 32
+// weights as llama.cpp's Q4_0 does (low nibble = element i, high = i + 16).
+inline constexpr int kQKG128 = 128;
+inline constexpr int kQKNF4 = 64;
+struct BlockI4G128 {
+  uint16_t d;  // fp16 scale: x = d * (nibble - 8)
+  uint8_t qs[kQKG128 / 2];
+};
+struct BlockNF4 {
+  uint16_t d;  // fp16 absmax: x = d * kNF4Values[nibble]
+  uint8_t qs[kQKNF4 / 2];
+};
+// The NF4 code book: 16 quantiles of N(0, 1) scaled to [-1, 1], as published
+// by bitsandbytes (functional.py, get_4bit_type("nf4")) for QLoRA
+// (Dettmers et al. 2023).
+inline constexpr float kNF4Values[16] = {
+    -1.0f,
+    -0.6961928009986877f,
+    -0.5250730514526367f,
+    -0.39491748809814453f,
+    -0.28444138169288635f,
+    -0.18477343022823334f,
+    -0.09105003625154495f,
+    0.0f,
+    0.07958029955625534f,
+    0.16093020141124725f,
+    0.24611230194568634f,
+    0.33791524171829224f,
+    0.44070982933044434f,
+    0.5626170039176941f,
+    0.7229568362236023f,
+    1.0f,
+};
+
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ5_0) == 22);
@@ -74,6 +108,8 @@ static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockI4G128) == 66);
+static_assert(sizeof(BlockNF4) == 34);
 
 // IQ4_NL code book (llama.cpp ggml-common.h kvalues_iq4nl; also gguf-py quants.py).
 inline constexpr int8_t kIQ4NLValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,

@@ -4,6 +4,7 @@
 // pairs per instruction, several times the rate of converting weights to
 // float first.
 #include "dot.h"
+#include "simd.h"
 
 #include "barata/half.h"
 #include "barata/quant_blocks.h"
@@ -17,26 +18,9 @@ namespace barata {
 namespace {
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// 16 bytes of packed nibbles -> 32 bytes in element order: the low nibbles are
-// elements 0..15 and the high nibbles 16..31 (llama.cpp's Q4 layout).
-inline __m256i unpack_nibbles(const uint8_t* qs) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
-}
-
-// Sum of u8 x s8 products, as 8 float lanes.
-inline __m256 dot_u8_s8(__m256i u, __m256i s) {
-  const __m256i p16 = _mm256_maddubs_epi16(u, s);
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-}
+using simd::dot_u8_s8;
+using simd::hsum;
+using simd::unpack_nibbles;
 #endif
 
 inline const BlockQ8Act* act_row(const uint8_t* acts, size_t stride, int64_t t) {

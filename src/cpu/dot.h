@@ -24,5 +24,14 @@ BARATA_DOT_TILE(dot_tile_f16);
 BARATA_DOT_TILE(dot_tile_q4_0_q8);
 BARATA_DOT_TILE(dot_tile_q4_1_q8);
 BARATA_DOT_TILE(dot_tile_q8_0_q8);
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define BARATA_HAVE_BARATA_QUANT_KERNELS 1
+BARATA_DOT_TILE(dot_tile_i8_tensor_q8);  // dot_barata.cpp
+BARATA_DOT_TILE(dot_tile_i8_row_q8);
+BARATA_DOT_TILE(dot_tile_i4_tensor_q8);
+BARATA_DOT_TILE(dot_tile_i4_row_q8);
+BARATA_DOT_TILE(dot_tile_i4_g128_q8);
+BARATA_DOT_TILE(dot_tile_nf4_f32);
+#endif
 
 }  // namespace barata

@@ -39,12 +39,24 @@ BARATA_DOT_TILE(dot_tile_generic) {
   }
 
 const std::array kReference = {
-    BARATA_GENERIC(F32, "f32.dequant.f32"),   BARATA_GENERIC(F16, "f16.dequant.f32"),
-    BARATA_GENERIC(BF16, "bf16.dequant.f32"), BARATA_GENERIC(Q4_0, "q4_0.dequant.f32"),
-    BARATA_GENERIC(Q4_1, "q4_1.dequant.f32"), BARATA_GENERIC(Q5_0, "q5_0.dequant.f32"),
-    BARATA_GENERIC(Q5_1, "q5_1.dequant.f32"), BARATA_GENERIC(Q8_0, "q8_0.dequant.f32"),
-    BARATA_GENERIC(Q4_K, "q4_k.dequant.f32"), BARATA_GENERIC(Q5_K, "q5_k.dequant.f32"),
-    BARATA_GENERIC(Q6_K, "q6_k.dequant.f32"), BARATA_GENERIC(IQ4_NL, "iq4_nl.dequant.f32"),
+    BARATA_GENERIC(F32, "f32.dequant.f32"),
+    BARATA_GENERIC(F16, "f16.dequant.f32"),
+    BARATA_GENERIC(BF16, "bf16.dequant.f32"),
+    BARATA_GENERIC(Q4_0, "q4_0.dequant.f32"),
+    BARATA_GENERIC(Q4_1, "q4_1.dequant.f32"),
+    BARATA_GENERIC(Q5_0, "q5_0.dequant.f32"),
+    BARATA_GENERIC(Q5_1, "q5_1.dequant.f32"),
+    BARATA_GENERIC(Q8_0, "q8_0.dequant.f32"),
+    BARATA_GENERIC(Q4_K, "q4_k.dequant.f32"),
+    BARATA_GENERIC(Q5_K, "q5_k.dequant.f32"),
+    BARATA_GENERIC(Q6_K, "q6_k.dequant.f32"),
+    BARATA_GENERIC(IQ4_NL, "iq4_nl.dequant.f32"),
+    BARATA_GENERIC(I8_TENSOR, "i8_tensor.dequant.f32"),
+    BARATA_GENERIC(I8_ROW, "i8_row.dequant.f32"),
+    BARATA_GENERIC(I4_TENSOR, "i4_tensor.dequant.f32"),
+    BARATA_GENERIC(I4_ROW, "i4_row.dequant.f32"),
+    BARATA_GENERIC(I4_G128, "i4_g128.dequant.f32"),
+    BARATA_GENERIC(NF4_B64, "nf4_b64.dequant.f32"),
 };
 
 // Fast kernels where they exist; everything else falls back to the reference.
@@ -54,6 +66,14 @@ const std::array kFast = {
     MatmulKernel{DType::Q4_0, "q4_0.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q4_0_q8},
     MatmulKernel{DType::Q4_1, "q4_1.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q4_1_q8},
     MatmulKernel{DType::Q8_0, "q8_0.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q8_0_q8},
+#if defined(BARATA_HAVE_BARATA_QUANT_KERNELS)
+    MatmulKernel{DType::I8_TENSOR, "i8_tensor.q8.avx2", ActFormat::kQ8, dot_tile_i8_tensor_q8},
+    MatmulKernel{DType::I8_ROW, "i8_row.q8.avx2", ActFormat::kQ8, dot_tile_i8_row_q8},
+    MatmulKernel{DType::I4_TENSOR, "i4_tensor.q8.avx2", ActFormat::kQ8, dot_tile_i4_tensor_q8},
+    MatmulKernel{DType::I4_ROW, "i4_row.q8.avx2", ActFormat::kQ8, dot_tile_i4_row_q8},
+    MatmulKernel{DType::I4_G128, "i4_g128.q8.avx2", ActFormat::kQ8, dot_tile_i4_g128_q8},
+    MatmulKernel{DType::NF4_B64, "nf4_b64.f32.avx2", ActFormat::kF32, dot_tile_nf4_f32},
+#endif
 };
 
 }  // namespace
@@ -64,10 +84,20 @@ const MatmulKernel& cpu_reference_kernel(DType t) {
   fail("no CPU matmul kernel for type {}", dtype_name(t));
 }
 
-const MatmulKernel& cpu_matmul_kernel(DType t) {
-  for (const auto& k : kFast)
-    if (k.type == t) return k;
+const MatmulKernel& cpu_matmul_kernel(DType t, int64_t k) {
+  for (const auto& kern : kFast)
+    if (kern.type == t && (kern.act != ActFormat::kQ8 || k % 32 == 0)) return kern;
   return cpu_reference_kernel(t);
+}
+
+WeightView make_weight_view(DType type, int64_t k, int64_t n_rows, const uint8_t* tensor_data) {
+  return WeightView{type,
+                    k,
+                    n_rows,
+                    tensor_rows(type, tensor_data),
+                    row_bytes(type, k),
+                    &cpu_matmul_kernel(type, k),
+                    tensor_scale(type, tensor_data)};
 }
 
 void quantize_row_q8_act(const float* x, BlockQ8Act* out, int64_t k) {
@@ -125,10 +155,14 @@ void matmul(ThreadPool& pool, const WeightView& w, const PreparedActs& acts, flo
       [&](int64_t r0, int64_t r1, int) {
         for (int64_t rt = r0; rt < r1; rt += kRowTile) {
           const int64_t nr = std::min(kRowTile, r1 - rt);
-          for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenTile)
+          for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenTile) {
+            const int64_t nt = std::min(kTokenTile, n_tokens - t0);
             dot(w.data + rt * w.row_bytes, w.row_bytes, nr, w.k, acts.data + t0 * acts.stride,
-                acts.stride, std::min(kTokenTile, n_tokens - t0), y + t0 * ldy + rt,
-                static_cast<size_t>(ldy));
+                acts.stride, nt, y + t0 * ldy + rt, static_cast<size_t>(ldy));
+            if (w.scale != 1.0f)
+              for (int64_t t = t0; t < t0 + nt; ++t)
+                for (int64_t r = rt; r < rt + nr; ++r) y[t * ldy + r] *= w.scale;
+          }
         }
       },
       16);

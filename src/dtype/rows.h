@@ -31,6 +31,16 @@ BARATA_ROW_FNS(q4_k)
 BARATA_ROW_FNS(q5_k)
 BARATA_ROW_FNS(q6_k)
 BARATA_ROW_FNS(iq4_nl)
+BARATA_ROW_FNS(i8_row)
+BARATA_ROW_FNS(i4_row)
+BARATA_ROW_FNS(i4_g128)
+BARATA_ROW_FNS(nf4)
+// The per-tensor types: rows at unit scale (levels as floats), and rows
+// quantized with the matrix's scale d.
+void dequantize_i8_levels(const void* src, float* dst, int64_t n);
+void dequantize_i4_levels(const void* src, float* dst, int64_t n);
+void quantize_i8_scaled(const float* src, void* dst, int64_t n, float d);
+void quantize_i4_scaled(const float* src, void* dst, int64_t n, float d);
 
 #undef BARATA_ROW_FNS
 

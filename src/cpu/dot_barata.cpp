@@ -1,0 +1,291 @@
+// Dequant-dot kernels for barata's own types (int8 / int4 per tensor and per
+// row, int4 group-128, NF4 block-64). AVX2 only: without it these types run
+// on the reference kernel.
+//
+// Matrix-vector (decode): each weight row is decoded 32 weights at a time in
+// registers and multiplied with the activation block right away; four rows
+// share each activation load. Matrix-matrix (prefill, several tokens in a
+// tile): the 4-bit rows of the tile are first widened into a small per-thread
+// buffer (int8 levels, or fp32 for NF4), which every token of the tile then
+// reads; the whole matrix is never expanded. Both paths do the same float
+// operations in the same order for each output, so prefill and decode agree
+// bit for bit.
+#include <cstring>
+#include <vector>
+
+#include "barata/half.h"
+#include "barata/matmul.h"
+#include "barata/quant_blocks.h"
+#include "dot.h"
+#include "simd.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+namespace barata {
+namespace {
+
+using simd::dot_u8_s8;
+using simd::hsum;
+using simd::unpack_nibbles;
+
+enum class Scale { kNone, kRowHeader, kGroup128 };
+
+inline float read_f32(const uint8_t* p) {
+  float d;
+  std::memcpy(&d, p, sizeof d);
+  return d;
+}
+
+// One integer row type: where its levels and scales are.
+template <bool kNibbles, Scale kScale>
+struct IntRow {
+  const uint8_t* q;  // levels (after the row header)
+  float row_scale;   // applied once at the end (1 unless kRowHeader)
+
+  explicit IntRow(const uint8_t* row)
+      : q(kScale == Scale::kRowHeader ? row + 4 : row),
+        row_scale(kScale == Scale::kRowHeader ? read_f32(row) : 1.0f) {}
+
+  // Signed levels of chunk b (32 weights).
+  __m256i levels(int64_t b) const {
+    if constexpr (kScale == Scale::kGroup128) {
+      const auto* blk = reinterpret_cast<const BlockI4G128*>(q) + b / 4;
+      return _mm256_sub_epi8(unpack_nibbles(blk->qs + 16 * (b % 4)), _mm256_set1_epi8(8));
+    } else if constexpr (kNibbles) {
+      return _mm256_sub_epi8(unpack_nibbles(q + 16 * b), _mm256_set1_epi8(8));
+    } else {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * b));
+    }
+  }
+  float chunk_scale(int64_t b) const {
+    if constexpr (kScale == Scale::kGroup128)
+      return fp16_to_fp32(reinterpret_cast<const BlockI4G128*>(q)[b / 4].d);
+    return 1.0f;
+  }
+  const uint8_t* prefetch_at(int64_t b) const {
+    return kNibbles ? q + 16 * b + (kScale == Scale::kGroup128 ? 2 * (b / 4) : 0) : q + 32 * b;
+  }
+};
+
+// s8 weights x s8 activations, exact in 32-bit lanes (|w| <= 127).
+inline __m256 dot_s8_s8(__m256i w, __m256i x) {
+  return dot_u8_s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+
+// The per-output arithmetic shared by both paths:
+//   out = row_scale * hsum(sum_b fma(chunk_scale_b * d_x_b, isum_b))
+template <typename Row, int R>
+void dot_int_rows(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64_t nb, float* out,
+                  bool prefetch) {
+  __m256 acc[R];
+  float rs[R];
+  const uint8_t* base[R];
+  for (int r = 0; r < R; ++r) {
+    base[r] = w + r * row_bytes;
+    rs[r] = Row(base[r]).row_scale;
+    acc[r] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].q));
+    for (int r = 0; r < R; ++r) {
+      const Row row(base[r]);
+      if (prefetch)
+        _mm_prefetch(reinterpret_cast<const char*>(row.prefetch_at(b)) + R * row_bytes,
+                     _MM_HINT_T0);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(row.chunk_scale(b) * x[b].d),
+                               dot_s8_s8(row.levels(b), qx), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = rs[r] * hsum(acc[r]);
+}
+
+// The same arithmetic from a widened tile: levels[k] and chunk scales[nb] per row.
+template <int R>
+void dot_widened(const int8_t* const* lv, const float* const* cs, const float* rs,
+                 const BlockQ8Act* x, int64_t nb, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].q));
+    for (int r = 0; r < R; ++r) {
+      const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lv[r] + 32 * b));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(cs[r][b] * x[b].d), dot_s8_s8(qw, qx), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = rs[r] * hsum(acc[r]);
+}
+
+inline const BlockQ8Act* act_row(const uint8_t* acts, size_t stride, int64_t t) {
+  return reinterpret_cast<const BlockQ8Act*>(acts + t * stride);
+}
+
+template <typename Row>
+void int_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const uint8_t* acts,
+              size_t act_stride, int64_t n_tokens, float* out, size_t ldy, bool widen) {
+  const int64_t nb = k / 32;
+  float res[4];
+  if (!widen || n_tokens == 1) {
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const BlockQ8Act* x = act_row(acts, act_stride, t);
+      int64_t r = 0;
+      for (; r + 4 <= n_rows; r += 4) {
+        dot_int_rows<Row, 4>(w + r * row_bytes, row_bytes, x, nb, res, n_tokens == 1);
+        for (int i = 0; i < 4; ++i) out[t * ldy + r + i] = res[i];
+      }
+      for (; r < n_rows; ++r) {
+        dot_int_rows<Row, 1>(w + r * row_bytes, row_bytes, x, nb, res, false);
+        out[t * ldy + r] = res[0];
+      }
+    }
+    return;
+  }
+  // Widen the tile's rows once, then every token reads the int8 copy.
+  thread_local std::vector<int8_t> lv_buf;
+  thread_local std::vector<float> cs_buf;
+  lv_buf.resize(static_cast<size_t>(n_rows * k));
+  cs_buf.resize(static_cast<size_t>(n_rows * nb));
+  std::vector<float> rs(static_cast<size_t>(n_rows));
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const Row row(w + r * row_bytes);
+    rs[static_cast<size_t>(r)] = row.row_scale;
+    for (int64_t b = 0; b < nb; ++b) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lv_buf.data() + r * k + 32 * b),
+                          row.levels(b));
+      cs_buf[static_cast<size_t>(r * nb + b)] = row.chunk_scale(b);
+    }
+  }
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const BlockQ8Act* x = act_row(acts, act_stride, t);
+    int64_t r = 0;
+    for (; r < n_rows; r += 4) {
+      const int R = r + 4 <= n_rows ? 4 : 1;
+      const int8_t* lv[4];
+      const float* cs[4];
+      for (int i = 0; i < R; ++i) {
+        lv[i] = lv_buf.data() + (r + i) * k;
+        cs[i] = cs_buf.data() + (r + i) * nb;
+      }
+      if (R == 4) {
+        dot_widened<4>(lv, cs, rs.data() + r, x, nb, res);
+        for (int i = 0; i < 4; ++i) out[t * ldy + r + i] = res[i];
+      } else {
+        for (; r < n_rows; ++r) {
+          lv[0] = lv_buf.data() + r * k;
+          cs[0] = cs_buf.data() + r * nb;
+          dot_widened<1>(lv, cs, rs.data() + r, x, nb, res);
+          out[t * ldy + r] = res[0];
+        }
+        break;
+      }
+    }
+  }
+}
+
+// ---- NF4 (fp32 activations) -----------------------------------------------------
+// 8 nibbles -> 8 floats: two 8-entry permutes, chosen by bit 3 of the index.
+inline __m256 nf4_lookup(__m256i idx) {
+  const __m256 lo = _mm256_loadu_ps(kNF4Values), hi = _mm256_loadu_ps(kNF4Values + 8);
+  const __m256 mask = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, idx), _mm256_permutevar8x32_ps(hi, idx),
+                          mask);
+}
+
+// Block b of a row as 64 floats d * code[i], written to v.
+inline void nf4_decode(const BlockNF4& blk, float* v) {
+  const __m256 d = _mm256_set1_ps(fp16_to_fp32(blk.d));
+  alignas(32) uint8_t nib[64];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(nib), unpack_nibbles(blk.qs));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(nib + 32), unpack_nibbles(blk.qs + 16));
+  for (int i = 0; i < 64; i += 8) {
+    const __m256i idx =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(nib + i)));
+    _mm256_storeu_ps(v + i, _mm256_mul_ps(nf4_lookup(idx), d));
+  }
+}
+
+// out[r] = hsum(sum_i fma(w_i, x_i)) over 8-wide lanes, one chain per row;
+// w comes from decode() (registers) or from a widened buffer.
+template <int R>
+void dot_nf4_rows(const BlockNF4* const* rows, const float* x, int64_t nb, float* out,
+                  bool prefetch, size_t row_bytes) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  alignas(32) float v[64];
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      if (prefetch)
+        _mm_prefetch(reinterpret_cast<const char*>(&rows[r][b]) + R * row_bytes, _MM_HINT_T0);
+      nf4_decode(rows[r][b], v);
+      for (int i = 0; i < 64; i += 8)
+        acc[r] = _mm256_fmadd_ps(_mm256_load_ps(v + i), _mm256_loadu_ps(x + 64 * b + i), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+}
+
+template <int R>
+void dot_f32_rows(const float* const* rows, const float* x, int64_t k, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < k; i += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(rows[r] + i), xv, acc[r]);
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+}
+
+}  // namespace
+
+#define BARATA_INT_TILE(fn, nib, scale, widen)                                                  \
+  BARATA_DOT_TILE(fn) {                                                                         \
+    int_tile<IntRow<nib, scale>>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy, \
+                                 widen);                                                        \
+  }
+
+BARATA_INT_TILE(dot_tile_i8_tensor_q8, false, Scale::kNone, false)
+BARATA_INT_TILE(dot_tile_i8_row_q8, false, Scale::kRowHeader, false)
+BARATA_INT_TILE(dot_tile_i4_tensor_q8, true, Scale::kNone, true)
+BARATA_INT_TILE(dot_tile_i4_row_q8, true, Scale::kRowHeader, true)
+BARATA_INT_TILE(dot_tile_i4_g128_q8, true, Scale::kGroup128, true)
+
+BARATA_DOT_TILE(dot_tile_nf4_f32) {
+  const int64_t nb = k / kQKNF4;
+  float res[4];
+  auto row = [&](int64_t r) { return reinterpret_cast<const BlockNF4*>(w + r * row_bytes); };
+  auto x_of = [&](int64_t t) { return reinterpret_cast<const float*>(acts + t * act_stride); };
+  if (n_tokens == 1) {
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+      const BlockNF4* rows[4] = {row(r), row(r + 1), row(r + 2), row(r + 3)};
+      dot_nf4_rows<4>(rows, x_of(0), nb, res, true, row_bytes);
+      for (int i = 0; i < 4; ++i) out[r + i] = res[i];
+    }
+    for (; r < n_rows; ++r) {
+      const BlockNF4* rows[1] = {row(r)};
+      dot_nf4_rows<1>(rows, x_of(0), nb, res, false, row_bytes);
+      out[r] = res[0];
+    }
+    return;
+  }
+  thread_local std::vector<float> buf;
+  buf.resize(static_cast<size_t>(n_rows * k));
+  for (int64_t r = 0; r < n_rows; ++r)
+    for (int64_t b = 0; b < nb; ++b) nf4_decode(row(r)[b], buf.data() + r * k + b * kQKNF4);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+      const float* rows[4] = {&buf[r * k], &buf[(r + 1) * k], &buf[(r + 2) * k], &buf[(r + 3) * k]};
+      dot_f32_rows<4>(rows, x_of(t), k, res);
+      for (int i = 0; i < 4; ++i) out[t * ldy + r + i] = res[i];
+    }
+    for (; r < n_rows; ++r) {
+      const float* rows[1] = {&buf[r * k]};
+      dot_f32_rows<1>(rows, x_of(t), k, res);
+      out[t * ldy + r] = res[0];
+    }
+  }
+}
+
+}  // namespace barata
+
+#endif
