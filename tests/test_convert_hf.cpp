@@ -4,6 +4,8 @@
 // llama by the test's own code), and tokenize the same. Plus shards and the
 // errors a broken checkpoint gives.
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -56,8 +58,9 @@ std::vector<uint8_t> safetensors_bytes(const std::vector<HfTensor>& ts) {
   header["__metadata__"] = {{"format", "pt"}};
   std::string h = header.dump();
   while (h.size() % 8 != 0) h += ' ';
-  std::vector<uint8_t> out(8);
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(uint64_t(h.size()) >> (8 * i));
+  std::vector<uint8_t> out;
+  out.reserve(8 + h.size() + data.size());
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(uint64_t(h.size()) >> (8 * i)));
   out.insert(out.end(), h.begin(), h.end());
   out.insert(out.end(), data.begin(), data.end());
   return out;
@@ -222,11 +225,19 @@ Checkpoint make_checkpoint(const Spec& s, uint32_t seed) {
   return c;
 }
 
-// The GGUF the converter should amount to, built by hand.
-std::vector<uint8_t> expected_gguf(const Spec& s, const Checkpoint& c) {
+void PrintTo(const Spec& s, std::ostream* os) {
+  *os << s.arch;
+}
+
+// The GGUF the converter should amount to, built by hand. With `as_neox`, a
+// llama checkpoint is written unpermuted as a qwen2 GGUF instead (NeoX RoPE on
+// the rows as Hugging Face stores them, which is what the checkpoint means):
+// the same function, computed in another order.
+std::vector<uint8_t> expected_gguf(const Spec& s, const Checkpoint& c, bool as_neox = false) {
   GgufWriter w;
-  const std::string a = s.arch + ".";
-  w.set("general.architecture", s.arch);
+  const std::string arch = as_neox ? "qwen2" : s.arch;
+  const std::string a = arch + ".";
+  w.set("general.architecture", arch);
   w.set(a + "block_count", GgufValue(uint32_t(s.n_layer)));
   w.set(a + "context_length", GgufValue(uint32_t(64)));
   w.set(a + "embedding_length", GgufValue(uint32_t(s.d_model)));
@@ -277,7 +288,7 @@ std::vector<uint8_t> expected_gguf(const Spec& s, const Checkpoint& c) {
     if (name.empty()) continue;
     std::vector<float> v = t.values;
     const bool q = name.find("attn_q") != std::string::npos;
-    if (s.arch == "llama" && (q || name.find("attn_k") != std::string::npos)) {
+    if (arch == "llama" && (q || name.find("attn_k") != std::string::npos)) {
       // Row r of head h comes from rotary pair member r % 2 of index (r % hd) / 2.
       const int64_t hd = s.head_dim, cols = t.shape.size() == 2 ? t.shape[1] : 1;
       for (int64_t r = 0; r < t.shape[0]; ++r) {
@@ -324,9 +335,10 @@ TEST_P(ConvertHfModel, RunsLikeHandBuiltGguf) {
   const SourceModel src = load_hf_checkpoint(dir.path());
   EXPECT_EQ(src.tensors.front().name, "token_embd.weight");
   EXPECT_EQ(src.tensors.size(), 1 + s.n_layer * (s.bias ? 12u : 9u) + (s.tied ? 1 : 2));
-  for (const auto& t : src.tensors) {
-    if (t.name == "blk.0.attn_q.weight") EXPECT_EQ(t.source_type, "F16");
-  }
+  const auto q0 = std::find_if(src.tensors.begin(), src.tensors.end(),
+                               [](const auto& t) { return t.name == "blk.0.attn_q.weight"; });
+  ASSERT_NE(q0, src.tensors.end());
+  EXPECT_EQ(q0->source_type, "F16");
   ASSERT_NE(find_key(src, "tokenizer.chat_template"), nullptr);
   EXPECT_EQ(std::get<std::string>(find_key(src, "general.name")->v),
             dir.path().filename().string());
@@ -349,8 +361,21 @@ TEST_P(ConvertHfModel, RunsLikeHandBuiltGguf) {
   };
   const auto lg = logits(got), lw = logits(want);
   ASSERT_EQ(lg.size(), lw.size());
-  EXPECT_EQ(std::memcmp(lg.data(), lw.data(), lg.size() * sizeof(float)), 0)
-      << "logits differ; first: " << lg[0] << " vs " << lw[0];
+  for (size_t i = 0; i < lg.size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(lg[i]), std::bit_cast<uint32_t>(lw[i]))
+        << "logit " << i % kVocab << " of position " << i / kVocab << ": " << lg[i] << " vs "
+        << lw[i];
+  if (s.arch == "llama") {
+    // The permutation is the right one: NeoX RoPE on the unpermuted rows agrees.
+    const std::vector<uint8_t> neox_bytes = expected_gguf(s, c, true);
+    const Model neox = Model::from_gguf(GgufFile::from_memory(neox_bytes, "neox.gguf"));
+    const auto ln = logits(neox);
+    float scale = 0;
+    for (float v : lw) scale = std::max(scale, std::fabs(v));
+    for (size_t i = 0; i < lg.size(); ++i)
+      ASSERT_NEAR(lg[i], ln[i], 1e-4f * scale)
+          << "logit " << i % kVocab << " of position " << i / kVocab;
+  }
 
   const Tokenizer tg = Tokenizer::from_gguf(got.file()), tw = Tokenizer::from_gguf(want.file());
   EXPECT_EQ(tg.pre(), s.arch == "llama" ? "llama3" : "qwen2");
@@ -535,6 +560,12 @@ TEST(ConvertHfErrors, Tokenizer) {
         write_json(d / "tokenizer.json", c.tokenizer);
       },
       {"tokenizer.json", "dense"});
+  expect_error(
+      [](Checkpoint& c, const fs::path& d) {
+        c.tokenizer["added_tokens"][2]["content"] = "<|endoftext|>";
+        write_json(d / "tokenizer.json", c.tokenizer);
+      },
+      {"tokenizer.json", "<|endoftext|>", "two ids"});
 }
 
 TEST(ConvertHf, SmolLmStylePreTokenizer) {

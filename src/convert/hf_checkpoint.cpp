@@ -10,6 +10,8 @@
 #include <optional>
 #include <set>
 
+#include <fmt/ranges.h>
+
 #include "barata/convert.h"
 #include "barata/error.h"
 #include "convert/hf_json.h"
@@ -288,8 +290,8 @@ SourceModel load_hf_checkpoint(const std::filesystem::path& dir) {
     if (!seen.insert(target->name).second)
       fail("{}: tensor '{}' appears twice in the checkpoint", l.file->name(), t.name);
     if (t.shape.empty() || t.shape.size() > 4 || t.n_elements == 0)
-      fail("{}: tensor '{}' has shape [{}x...]: expected 1 to 4 non-zero dimensions",
-           l.file->name(), t.name, t.shape.empty() ? 0 : t.shape[0]);
+      fail("{}: tensor '{}' has shape [{}]: expected 1 to 4 non-zero dimensions", l.file->name(),
+           t.name, fmt::join(t.shape, ", "));
     if (files->empty() || files->back() != l.file) files->push_back(l.file);
 
     SourceTensor st;

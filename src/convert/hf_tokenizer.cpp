@@ -174,7 +174,8 @@ void add_tokenizer_metadata(const std::filesystem::path& dir, const json& config
   tokens.reserve(static_cast<size_t>(n));
   token_types.reserve(static_cast<size_t>(n));
   for (const auto& [id, text] : by_id) {
-    id_of.emplace(text, id);
+    if (const auto [it, fresh] = id_of.emplace(text, id); !fresh)
+      fail("{}: token {:?} has two ids, {} and {}", file, text, it->second, id);
     tokens.emplace_back(text);
     const auto t = types.find(id);
     token_types.emplace_back(static_cast<int32_t>(t == types.end() ? 1 : t->second));
