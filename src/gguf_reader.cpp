@@ -323,12 +323,17 @@ void GgufFile::parse() {
     if (ti.shape[0] % tr->block_size != 0)
       fail("{}: {}: row length {} is not a multiple of the {} block size {}", file, what,
            ti.shape[0], tr->name, tr->block_size);
-    // rows x (row header + blocks per row x block bytes) + tensor header
+    // rows x (row header + group scales + blocks per row x block bytes) + tensor header
     uint64_t row_bytes = 0;
     if (mul_overflows(static_cast<uint64_t>(ti.shape[0]) / tr->block_size, tr->bytes_per_block,
                       row_bytes) ||
-        row_bytes > std::numeric_limits<uint64_t>::max() - tr->row_header ||
-        mul_overflows(n_elements / static_cast<uint64_t>(ti.shape[0]), row_bytes + tr->row_header,
+        row_bytes > std::numeric_limits<uint64_t>::max() / 2 ||
+        mul_overflows(n_elements / static_cast<uint64_t>(ti.shape[0]),
+                      row_bytes + tr->row_header +
+                          (tr->row_group ? 2 * ((static_cast<uint64_t>(ti.shape[0]) - 1) /
+                                                    static_cast<uint64_t>(tr->row_group) +
+                                                1)
+                                         : 0),
                       ti.n_bytes) ||
         ti.n_bytes > std::numeric_limits<uint64_t>::max() - tr->tensor_header)
       fail("{}: {}: byte size overflows 64 bits", file, what);

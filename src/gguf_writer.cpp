@@ -4,6 +4,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <string>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -206,6 +208,15 @@ void GgufWriter::emit(Sink& s) const {
   }
 }
 
+uint64_t GgufWriter::size() const {
+  struct CountSink {
+    uint64_t n = 0;
+    void put(const void*, size_t len) { n += len; }
+  } s;
+  emit(s);
+  return s.n;
+}
+
 std::vector<uint8_t> GgufWriter::to_bytes() const {
   VecSink s;
   emit(s);
@@ -224,22 +235,42 @@ void GgufWriter::write(const std::filesystem::path& out) const {
   std::string name = ".";
   name.append(out.filename().string()).append(".tmp-XXXXXX");
   std::string tmpl = (dir / name).string();
-  const int fd = ::mkstemp(tmpl.data());
+  // Preferably an unnamed file (O_TMPFILE): a crash or a kill while writing
+  // leaves nothing behind. It gets a name only once complete, for the rename.
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
+  const bool anonymous = fd >= 0;
+  if (!anonymous) fd = ::mkstemp(tmpl.data());
   if (fd < 0)
     fail("{}: cannot create a temporary file in {}: {}", out.string(), dir.string(),
          std::strerror(errno));
-  bool fd_open = true;
+  bool fd_open = true, named = !anonymous;
   try {
     FdSink sink(fd, tmpl);
     emit(sink);
     sink.flush();
     if (::fsync(fd) != 0) fail("{}: fsync failed: {}", tmpl, std::strerror(errno));
     if (::fchmod(fd, 0644) != 0) fail("{}: chmod failed: {}", tmpl, std::strerror(errno));
+    if (anonymous) {
+      const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+      for (int attempt = 0; !named; ++attempt) {
+        tmpl = (dir / name).string();
+        static const char kHex[] = "0123456789abcdef";
+        uint64_t r = (static_cast<uint64_t>(::getpid()) << 20) ^
+                     static_cast<uint64_t>(std::hash<std::string>{}(proc)) ^
+                     (static_cast<uint64_t>(attempt) * 0x9E3779B97F4A7C15ull);
+        for (size_t i = tmpl.size() - 6; i < tmpl.size(); ++i, r >>= 4) tmpl[i] = kHex[r & 15];
+        if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, tmpl.c_str(), AT_SYMLINK_FOLLOW) == 0)
+          named = true;
+        else if (errno != EEXIST || attempt > 100)
+          fail("{}: cannot link the finished file into {}: {}", out.string(), dir.string(),
+               std::strerror(errno));
+      }
+    }
     fd_open = false;  // close() releases the descriptor even when it reports an error
     if (::close(fd) != 0) fail("{}: close failed: {}", tmpl, std::strerror(errno));
   } catch (...) {
     if (fd_open) ::close(fd);
-    ::unlink(tmpl.c_str());
+    if (named) ::unlink(tmpl.c_str());
     throw;
   }
   if (::rename(tmpl.c_str(), out.c_str()) != 0) {

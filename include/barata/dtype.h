@@ -31,7 +31,7 @@ enum class DType : uint32_t {
   I8_ROW = 1001,     // int8, one fp32 scale per row
   I4_TENSOR = 1002,  // int4 levels -8..7, one fp32 scale per matrix
   I4_ROW = 1003,     // int4, one fp32 scale per row
-  I4_G128 = 1004,    // int4, one fp16 scale per 128 weights of a row
+  I4_G128 = 1004,    // int4, one fp16 scale per 128 weights of a row (last group may be short)
   NF4_B64 = 1005,    // NF4 code book, one fp16 absmax per 64 weights
 };
 
@@ -59,8 +59,14 @@ struct DTypeTraits {
   size_t row_header = 0;     // bytes before each row (kRow: its fp32 scale)
   size_t tensor_header = 0;  // bytes before the first row (kTensor: fp32 scale + padding)
   bool is_private = false;   // barata's own type: other readers cannot load it
+  // kRow types with group scales: the row header holds one fp16 scale per
+  // started group of row_group weights (the last group may be shorter).
+  int64_t row_group = 0;
 
-  double bits_per_weight() const { return 8.0 * bytes_per_block / block_size; }
+  // Nominal: per-row and per-tensor headers excluded, group scales included.
+  double bits_per_weight() const {
+    return 8.0 * bytes_per_block / block_size + (row_group ? 16.0 / row_group : 0.0);
+  }
 };
 
 // The row for a type id read from a file; nullptr when barata does not know it.

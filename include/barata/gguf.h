@@ -186,6 +186,7 @@ class GgufWriter {
 
   void write(const std::filesystem::path& out) const;
   std::vector<uint8_t> to_bytes() const;  // the same bytes, in memory
+  uint64_t size() const;                  // the file's size in bytes (data may be null)
 
  private:
   struct Tensor {

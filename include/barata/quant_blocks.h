@@ -67,12 +67,8 @@ struct BlockIQ4_NL {
 
 // barata's own block types (docs/quantize.md). The 4-bit ones pack each 32
 // weights as llama.cpp's Q4_0 does (low nibble = element i, high = i + 16).
-inline constexpr int kQKG128 = 128;
+inline constexpr int kQKG128 = 128;  // I4_G128 group (a row layout: see barata_quant.cpp)
 inline constexpr int kQKNF4 = 64;
-struct BlockI4G128 {
-  uint16_t d;  // fp16 scale: x = d * (nibble - 8)
-  uint8_t qs[kQKG128 / 2];
-};
 struct BlockNF4 {
   uint16_t d;  // fp16 absmax: x = d * kNF4Values[nibble]
   uint8_t qs[kQKNF4 / 2];
@@ -108,7 +104,6 @@ static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockIQ4_NL) == 18);
-static_assert(sizeof(BlockI4G128) == 66);
 static_assert(sizeof(BlockNF4) == 34);
 
 // IQ4_NL code book (llama.cpp ggml-common.h kvalues_iq4nl; also gguf-py quants.py).

@@ -39,32 +39,35 @@ inline float read_f32(const uint8_t* p) {
 // One integer row type: where its levels and scales are.
 template <bool kNibbles, Scale kScale>
 struct IntRow {
-  const uint8_t* q;  // levels (after the row header)
-  float row_scale;   // applied once at the end (1 unless kRowHeader)
+  const uint8_t* q = nullptr;        // levels (after the row header)
+  const uint16_t* groups = nullptr;  // kGroup128: fp16 scale per group of 4 chunks
+  float row_scale = 1.0f;            // applied once at the end (1 unless kRowHeader)
 
-  explicit IntRow(const uint8_t* row)
-      : q(kScale == Scale::kRowHeader ? row + 4 : row),
+  IntRow() = default;
+  IntRow(const uint8_t* row, int64_t nb)
+      : q(kScale == Scale::kRowHeader  ? row + 4
+          : kScale == Scale::kGroup128 ? row + 2 * ((nb + 3) / 4)
+                                       : row),
+        groups(reinterpret_cast<const uint16_t*>(row)),
         row_scale(kScale == Scale::kRowHeader ? read_f32(row) : 1.0f) {}
 
   // Signed levels of chunk b (32 weights).
   __m256i levels(int64_t b) const {
-    if constexpr (kScale == Scale::kGroup128) {
-      const auto* blk = reinterpret_cast<const BlockI4G128*>(q) + b / 4;
-      return _mm256_sub_epi8(unpack_nibbles(blk->qs + 16 * (b % 4)), _mm256_set1_epi8(8));
-    } else if constexpr (kNibbles) {
+    if constexpr (kNibbles) {
       return _mm256_sub_epi8(unpack_nibbles(q + 16 * b), _mm256_set1_epi8(8));
     } else {
       return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * b));
     }
   }
   float chunk_scale(int64_t b) const {
-    if constexpr (kScale == Scale::kGroup128)
-      return fp16_to_fp32(reinterpret_cast<const BlockI4G128*>(q)[b / 4].d);
+    if constexpr (kScale == Scale::kGroup128) {
+      uint16_t h;
+      std::memcpy(&h, groups + b / 4, sizeof h);
+      return fp16_to_fp32(h);
+    }
     return 1.0f;
   }
-  const uint8_t* prefetch_at(int64_t b) const {
-    return kNibbles ? q + 16 * b + (kScale == Scale::kGroup128 ? 2 * (b / 4) : 0) : q + 32 * b;
-  }
+  const uint8_t* prefetch_at(int64_t b) const { return kNibbles ? q + 16 * b : q + 32 * b; }
 };
 
 // s8 weights x s8 activations, exact in 32-bit lanes (|w| <= 127).
@@ -78,17 +81,15 @@ template <typename Row, int R>
 void dot_int_rows(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64_t nb, float* out,
                   bool prefetch) {
   __m256 acc[R];
-  float rs[R];
-  const uint8_t* base[R];
+  Row rows[R];
   for (int r = 0; r < R; ++r) {
-    base[r] = w + r * row_bytes;
-    rs[r] = Row(base[r]).row_scale;
+    rows[r] = Row(w + r * row_bytes, nb);
     acc[r] = _mm256_setzero_ps();
   }
   for (int64_t b = 0; b < nb; ++b) {
     const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].q));
     for (int r = 0; r < R; ++r) {
-      const Row row(base[r]);
+      const Row& row = rows[r];
       if (prefetch)
         _mm_prefetch(reinterpret_cast<const char*>(row.prefetch_at(b)) + R * row_bytes,
                      _MM_HINT_T0);
@@ -96,7 +97,7 @@ void dot_int_rows(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64
                                dot_s8_s8(row.levels(b), qx), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = rs[r] * hsum(acc[r]);
+  for (int r = 0; r < R; ++r) out[r] = rows[r].row_scale * hsum(acc[r]);
 }
 
 // The same arithmetic from a widened tile: levels[k] and chunk scales[nb] per row.
@@ -146,7 +147,7 @@ void int_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, con
   cs_buf.resize(static_cast<size_t>(n_rows * nb));
   std::vector<float> rs(static_cast<size_t>(n_rows));
   for (int64_t r = 0; r < n_rows; ++r) {
-    const Row row(w + r * row_bytes);
+    const Row row(w + r * row_bytes, nb);
     rs[static_cast<size_t>(r)] = row.row_scale;
     for (int64_t b = 0; b < nb; ++b) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(lv_buf.data() + r * k + 32 * b),

@@ -2,7 +2,8 @@
 //
 //   I8_ROW / I8_TENSOR   x = d * q, q in -127..127, d = absmax / 127
 //   I4_ROW / I4_TENSOR   x = d * q, q in -8..7 (stored q + 8), d = absmax / 7
-//   I4_G128              as int4, one fp16 d per 128 weights of a row
+//   I4_G128              as int4, one fp16 d per 128 weights of a row (rows are
+//                        whole 32s; the last group may be shorter)
 //   NF4_B64              x = absmax * kNF4Values[i], one fp16 absmax per 64
 //
 // Per-row types start each row with its fp32 d; per-tensor types keep rows at
@@ -138,20 +139,30 @@ void dequantize_i4_row(const void* src, float* dst, int64_t n) {
 }
 
 // ---- int4 group-128 -------------------------------------------------------------
+// Row: fp16 d of each started group of 128, then the nibbles of the whole row.
 void quantize_i4_g128(const float* src, void* dst, int64_t n) {
-  auto* b = static_cast<BlockI4G128*>(dst);
-  for (int64_t i = 0, nb = whole_blocks(n, kQKG128, "I4_G128"); i < nb; ++i, src += kQKG128) {
-    b[i].d = fp32_to_fp16(absmax(src, kQKG128) / 7.0f);
-    quantize_i4_scaled(src, b[i].qs, kQKG128, fp16_to_fp32(b[i].d));
+  whole_blocks(n, 32, "I4_G128");
+  const int64_t groups = (n + kQKG128 - 1) / kQKG128;
+  auto* d = static_cast<uint16_t*>(dst);
+  auto* qs = static_cast<uint8_t*>(dst) + 2 * groups;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t len = std::min<int64_t>(kQKG128, n - g * kQKG128);
+    d[g] = fp32_to_fp16(absmax(src + g * kQKG128, len) / 7.0f);
+    quantize_i4_scaled(src + g * kQKG128, qs + g * kQKG128 / 2, len, fp16_to_fp32(d[g]));
   }
 }
 
 void dequantize_i4_g128(const void* src, float* dst, int64_t n) {
-  const auto* b = static_cast<const BlockI4G128*>(src);
-  for (int64_t i = 0, nb = whole_blocks(n, kQKG128, "I4_G128"); i < nb; ++i, dst += kQKG128) {
-    const float d = fp16_to_fp32(b[i].d);
-    dequantize_i4_levels(b[i].qs, dst, kQKG128);
-    for (int j = 0; j < kQKG128; ++j) dst[j] *= d;
+  whole_blocks(n, 32, "I4_G128");
+  const int64_t groups = (n + kQKG128 - 1) / kQKG128;
+  const auto* d = static_cast<const uint16_t*>(src);
+  const auto* qs = static_cast<const uint8_t*>(src) + 2 * groups;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t len = std::min<int64_t>(kQKG128, n - g * kQKG128);
+    float* out = dst + g * kQKG128;
+    dequantize_i4_levels(qs + g * kQKG128 / 2, out, len);
+    const float dg = fp16_to_fp32(d[g]);
+    for (int64_t j = 0; j < len; ++j) out[j] *= dg;
   }
 }
 

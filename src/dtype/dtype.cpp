@@ -54,8 +54,8 @@ constexpr std::array kTraits = {
                 ScaleScope::kTensor, 0, kTensorHeader, true},
     DTypeTraits{DType::I4_ROW, "I4_ROW", 2, 1, true, dequantize_i4_row, quantize_i4_row,
                 ScaleScope::kRow, 4, 0, true},
-    DTypeTraits{DType::I4_G128, "I4_G128", kQKG128, sizeof(BlockI4G128), true, dequantize_i4_g128,
-                quantize_i4_g128, ScaleScope::kBlock, 0, 0, true},
+    DTypeTraits{DType::I4_G128, "I4_G128", 32, 16, true, dequantize_i4_g128, quantize_i4_g128,
+                ScaleScope::kRow, 0, 0, true, kQKG128},
     DTypeTraits{DType::NF4_B64, "NF4_B64", kQKNF4, sizeof(BlockNF4), true, dequantize_nf4,
                 quantize_nf4, ScaleScope::kBlock, 0, 0, true},
 };
@@ -108,7 +108,9 @@ size_t row_bytes(DType t, int64_t k) {
   const DTypeTraits& tr = dtype_traits(t);
   if (k < 0 || k % tr.block_size != 0)
     fail("row length {} is not a whole number of {} blocks of {}", k, tr.name, tr.block_size);
-  return tr.row_header + static_cast<size_t>(k / tr.block_size) * tr.bytes_per_block;
+  const size_t groups =
+      tr.row_group ? static_cast<size_t>((k + tr.row_group - 1) / tr.row_group) : 0;
+  return tr.row_header + 2 * groups + static_cast<size_t>(k / tr.block_size) * tr.bytes_per_block;
 }
 
 size_t tensor_bytes(DType t, int64_t k, int64_t n_rows) {
