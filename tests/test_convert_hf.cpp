@@ -568,6 +568,23 @@ TEST(ConvertHfErrors, Tokenizer) {
       {"tokenizer.json", "<|endoftext|>", "two ids"});
 }
 
+TEST(ConvertHf, VocabPaddedToConfigVocabSize) {
+  test::TempDir dir;
+  Checkpoint c = make_checkpoint(kQwen2, 6);
+  c.config["vocab_size"] = kVocab + 3;
+  c.write(dir.path());
+  const SourceModel m = load_hf_checkpoint(dir.path());
+  const auto& tokens = std::get<GgufArray>(find_key(m, "tokenizer.ggml.tokens")->v).items;
+  const auto& types = std::get<GgufArray>(find_key(m, "tokenizer.ggml.token_type")->v).items;
+  ASSERT_EQ(tokens.size(), size_t(kVocab + 3));
+  ASSERT_EQ(types.size(), tokens.size());
+  EXPECT_EQ(std::get<std::string>(tokens[kVocab].v), "[PAD264]");
+  EXPECT_EQ(std::get<int32_t>(types[kVocab + 2].v), 5);
+  EXPECT_EQ(std::get<int32_t>(types[261].v), 3);  // special added token: control
+  EXPECT_EQ(std::get<int32_t>(types[263].v), 4);  // plain added token: user-defined
+  EXPECT_EQ(std::get<int32_t>(types[10].v), 1);
+}
+
 TEST(ConvertHf, SmolLmStylePreTokenizer) {
   // Digits + ByteLevel(use_regex) is SmolLM2's; clean_up_tokenization_spaces
   // false picks "smollm" over "starcoder", which has the same regexes.

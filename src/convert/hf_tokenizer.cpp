@@ -164,11 +164,23 @@ void add_tokenizer_metadata(const std::filesystem::path& dir, const json& config
     put(id, at["content"].get<std::string>(), "added_tokens");
     types[id] = at.value("special", false) ? 3 : 4;  // control : user-defined
   }
-  const auto n = static_cast<int64_t>(by_id.size());
-  if (n == 0) fail("{}: model.vocab is empty", file);
-  if (by_id.rbegin()->first != n - 1)
-    fail("{}: token ids are not dense: {} tokens but the largest id is {}", file, n,
+  const auto n_tok = static_cast<int64_t>(by_id.size());
+  if (n_tok == 0) fail("{}: model.vocab is empty", file);
+  if (by_id.rbegin()->first != n_tok - 1)
+    fail("{}: token ids are not dense: {} tokens but the largest id is {}", file, n_tok,
          by_id.rbegin()->first);
+  // An embedding table wider than the tokenizer (config.json vocab_size, e.g.
+  // Qwen2's rounded-up 151936): the extra ids become unused "[PAD<id>]" tokens,
+  // as llama.cpp's converter names them.
+  const auto vs = config.find("vocab_size");
+  if (vs != config.end() && vs->is_number_integer() && vs->get<int64_t>() > n_tok &&
+      vs->get<int64_t>() < INT32_MAX) {
+    for (int64_t id = n_tok; id < vs->get<int64_t>(); ++id) {
+      put(id, "[PAD" + std::to_string(id) + "]", "padding");
+      types[id] = 5;  // unused
+    }
+  }
+  const auto n = static_cast<int64_t>(by_id.size());
   std::map<std::string, int64_t> id_of;
   std::vector<GgufValue> tokens, token_types;
   tokens.reserve(static_cast<size_t>(n));
