@@ -25,7 +25,7 @@
 namespace barata {
 namespace {
 
-constexpr int64_t kD = 128, kFF = 172, kVocab = 96, kLayers = 2, kHeads = 4, kKvHeads = 2;
+constexpr int64_t kD = 256, kFF = 172, kVocab = 96, kLayers = 2, kHeads = 4, kKvHeads = 2;
 
 // A small llama with F32 weights: N(0, 0.05) plus a few large outliers, as
 // real checkpoints have.
@@ -110,7 +110,7 @@ TEST_F(QuantizeCli, EverySchemeWritesAModelThatRuns) {
     double max_logit_diff;     // relative to max |logit| (~2x what this model gives)
   };
   const Case cases[] = {
-      {"int8-tensor", DType::I8_TENSOR, false, 0.10},
+      {"int8-tensor", DType::I8_TENSOR, false, 0.35},
       {"int8-row", DType::I8_ROW, false, 0.05},
       {"int4-tensor", DType::I4_TENSOR, false, 3.0},
       {"int4-row", DType::I4_ROW, false, 1.2},
