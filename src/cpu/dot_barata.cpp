@@ -183,42 +183,52 @@ void int_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, con
 }
 
 // ---- NF4 (fp32 activations) -----------------------------------------------------
-// 8 nibbles -> 8 floats: two 8-entry permutes, chosen by bit 3 of the index.
-inline __m256 nf4_lookup(__m256i idx) {
-  const __m256 lo = _mm256_loadu_ps(kNF4Values), hi = _mm256_loadu_ps(kNF4Values + 8);
-  const __m256 mask = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
-  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, idx), _mm256_permutevar8x32_ps(hi, idx),
-                          mask);
-}
-
-// Block b of a row as 64 floats d * code[i], written to v.
-inline void nf4_decode(const BlockNF4& blk, float* v) {
+// Block of 64 weights as 8 vectors of d * code[i], handed to use(offset, v)
+// in element order. The code book is scaled by d once (two products per block,
+// equal to scaling each looked-up value), then 8 nibbles -> 8 floats take two
+// 8-entry permutes and a blend on bit 3 of the index.
+template <typename Use>
+inline void nf4_block(const BlockNF4& blk, Use&& use) {
   const __m256 d = _mm256_set1_ps(fp16_to_fp32(blk.d));
-  alignas(32) uint8_t nib[64];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(nib), unpack_nibbles(blk.qs));
-  _mm256_store_si256(reinterpret_cast<__m256i*>(nib + 32), unpack_nibbles(blk.qs + 16));
-  for (int i = 0; i < 64; i += 8) {
-    const __m256i idx =
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(nib + i)));
-    _mm256_storeu_ps(v + i, _mm256_mul_ps(nf4_lookup(idx), d));
+  const __m256 lo = _mm256_mul_ps(_mm256_loadu_ps(kNF4Values), d);
+  const __m256 hi = _mm256_mul_ps(_mm256_loadu_ps(kNF4Values + 8), d);
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  auto eight = [&](__m128i nib8, int at) {
+    const __m256i idx = _mm256_cvtepu8_epi32(nib8);
+    const __m256 mask = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
+    use(at, _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, idx), _mm256_permutevar8x32_ps(hi, idx),
+                             mask));
+  };
+  for (int half = 0; half < 2; ++half) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs + 16 * half));
+    const __m128i ln = _mm_and_si128(b, m4), hn = _mm_and_si128(_mm_srli_epi16(b, 4), m4);
+    eight(ln, 32 * half);
+    eight(_mm_srli_si128(ln, 8), 32 * half + 8);
+    eight(hn, 32 * half + 16);
+    eight(_mm_srli_si128(hn, 8), 32 * half + 24);
   }
 }
 
-// out[r] = hsum(sum_i fma(w_i, x_i)) over 8-wide lanes, one chain per row;
-// w comes from decode() (registers) or from a widened buffer.
+inline void nf4_decode(const BlockNF4& blk, float* v) {
+  nf4_block(blk, [v](int at, __m256 w) { _mm256_storeu_ps(v + at, w); });
+}
+
+// out[r] = hsum(sum_i fma(w_i, x_i)) over 8-wide lanes, one chain per row.
 template <int R>
 void dot_nf4_rows(const BlockNF4* const* rows, const float* x, int64_t nb, float* out,
                   bool prefetch, size_t row_bytes) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  alignas(32) float v[64];
   for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + 64 * b;
     for (int r = 0; r < R; ++r) {
       if (prefetch)
         _mm_prefetch(reinterpret_cast<const char*>(&rows[r][b]) + R * row_bytes, _MM_HINT_T0);
-      nf4_decode(rows[r][b], v);
-      for (int i = 0; i < 64; i += 8)
-        acc[r] = _mm256_fmadd_ps(_mm256_load_ps(v + i), _mm256_loadu_ps(x + 64 * b + i), acc[r]);
+      __m256 a = acc[r];
+      nf4_block(rows[r][b], [&a, xb](int at, __m256 w) {
+        a = _mm256_fmadd_ps(w, _mm256_loadu_ps(xb + at), a);
+      });
+      acc[r] = a;
     }
   }
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
