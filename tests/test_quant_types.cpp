@@ -250,6 +250,23 @@ TEST(QuantKernels, MatchFloat64ReferenceOnRandomShapes) {
   }
 }
 
+// llama.cpp's block types through the same check (their fast kernels and
+// the reference kernel for rows they cannot take).
+TEST(QuantKernels, LlamaCppTypesMatchFloat64Reference) {
+  ThreadPool pool(2);
+  std::mt19937 rng(9);
+  uint32_t seed = 500;
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::IQ4_NL,
+                  DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16, DType::BF16}) {
+    for (int64_t k : {256, 512, 1536}) {
+      for (int64_t n_tok : {1, 3, 33}) {
+        const int64_t n_rows = 1 + static_cast<int64_t>(rng() % 37);
+        check_kernel(pool, t, k, n_rows, n_tok, seed++);
+      }
+    }
+  }
+}
+
 TEST(QuantKernels, FastKernelsAreBoundWhereTheyApply) {
   for (DType t : kOwn) {
     const MatmulKernel& k256 = cpu_matmul_kernel(t, 256);

@@ -32,6 +32,12 @@ BARATA_DOT_TILE(dot_tile_i4_tensor_q8);
 BARATA_DOT_TILE(dot_tile_i4_row_q8);
 BARATA_DOT_TILE(dot_tile_i4_g128_q8);
 BARATA_DOT_TILE(dot_tile_nf4_f32);
+BARATA_DOT_TILE(dot_tile_q5_0_q8);  // dot_kquants.cpp
+BARATA_DOT_TILE(dot_tile_q5_1_q8);
+BARATA_DOT_TILE(dot_tile_iq4_nl_q8);
+BARATA_DOT_TILE(dot_tile_q4_k_q8);
+BARATA_DOT_TILE(dot_tile_q5_k_q8);
+BARATA_DOT_TILE(dot_tile_q6_k_q8);
 #endif
 
 }  // namespace barata

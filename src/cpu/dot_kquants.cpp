@@ -1,0 +1,211 @@
+// 8-bit-activation kernels for llama.cpp's other block types: Q5_0, Q5_1,
+// IQ4_NL (blocks of 32) and Q4_K, Q5_K, Q6_K (super-blocks of 256). Layouts:
+// llama.cpp ggml-common.h (b4748), as in src/dtype/kquants.cpp. AVX2 only;
+// elsewhere these types use the reference kernel.
+//
+// Every type is read 32 weights at a time, matching one activation block:
+// a step turns the weights into bytes, takes the exact integer dot with the
+// activation's int8 values, and adds it, scaled, to one FMA chain per row;
+// constant offsets (mins, the -16 / -32 of the 5- and 6-bit types) go through
+// the activation block's precomputed d * sum(q).
+#include <cstring>
+
+#include "barata/half.h"
+#include "barata/matmul.h"
+#include "barata/quant_blocks.h"
+#include "dot.h"
+#include "simd.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+namespace barata {
+namespace {
+
+using simd::dot_u8_s8;
+using simd::hsum;
+using simd::unpack_nibbles;
+
+// 32 bits -> 32 bytes: 0x10 where bit i of `bits` is set (the fifth bit of
+// element i), 0 elsewhere.
+inline __m256i fifth_bits(uint32_t bits) {
+  // byte i of the broadcast holds source byte i / 8; keep its bit i % 8.
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                           2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i select = _mm256_set1_epi64x(0x8040201008040201);
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+inline __m256i load32(const void* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// ---- per-type steps: acc += scale * dot(weights of block b, x); off += ... -------
+struct Q5_0Step {
+  static __m256 step(const uint8_t* row, int64_t b, const BlockQ8Act& x, __m256 acc, float& off) {
+    const auto& blk = reinterpret_cast<const BlockQ5_0*>(row)[b];
+    uint32_t qh;
+    std::memcpy(&qh, blk.qh, 4);
+    const __m256i u = _mm256_or_si256(unpack_nibbles(blk.qs), fifth_bits(qh));  // 0..31
+    const float d = fp16_to_fp32(blk.d);
+    off -= 16.0f * d * x.s;
+    return _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), dot_u8_s8(u, load32(x.q)), acc);
+  }
+};
+
+struct Q5_1Step {
+  static __m256 step(const uint8_t* row, int64_t b, const BlockQ8Act& x, __m256 acc, float& off) {
+    const auto& blk = reinterpret_cast<const BlockQ5_1*>(row)[b];
+    uint32_t qh;
+    std::memcpy(&qh, blk.qh, 4);
+    const __m256i u = _mm256_or_si256(unpack_nibbles(blk.qs), fifth_bits(qh));
+    off += fp16_to_fp32(blk.m) * x.s;
+    return _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(blk.d) * x.d), dot_u8_s8(u, load32(x.q)),
+                           acc);
+  }
+};
+
+struct IQ4NLStep {
+  static __m256 step(const uint8_t* row, int64_t b, const BlockQ8Act& x, __m256 acc, float&) {
+    const auto& blk = reinterpret_cast<const BlockIQ4_NL*>(row)[b];
+    const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues));
+    const __m256i w = _mm256_shuffle_epi8(_mm256_set_m128i(t, t), unpack_nibbles(blk.qs));
+    const __m256i xq = load32(x.q);
+    const __m256 p = dot_u8_s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
+    return _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(blk.d) * x.d), p, acc);
+  }
+};
+
+// The 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block.
+inline void scale_min(const uint8_t* q, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+struct Q4_KStep {
+  static __m256 step(const uint8_t* row, int64_t b, const BlockQ8Act& x, __m256 acc, float& off) {
+    const auto& blk = reinterpret_cast<const BlockQ4_K*>(row)[b / 8];
+    const int j = static_cast<int>(b % 8);
+    int sc, m;
+    scale_min(blk.scales, j, sc, m);
+    __m256i v = load32(blk.qs + 32 * (j / 2));
+    if (j % 2) v = _mm256_srli_epi16(v, 4);
+    const __m256i u = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+    off -= fp16_to_fp32(blk.dmin) * static_cast<float>(m) * x.s;
+    return _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(blk.d) * static_cast<float>(sc) * x.d),
+                           dot_u8_s8(u, load32(x.q)), acc);
+  }
+};
+
+struct Q5_KStep {
+  static __m256 step(const uint8_t* row, int64_t b, const BlockQ8Act& x, __m256 acc, float& off) {
+    const auto& blk = reinterpret_cast<const BlockQ5_K*>(row)[b / 8];
+    const int j = static_cast<int>(b % 8);
+    int sc, m;
+    scale_min(blk.scales, j, sc, m);
+    __m256i v = load32(blk.qs + 32 * (j / 2));
+    if (j % 2) v = _mm256_srli_epi16(v, 4);
+    // bit j of qh[l] is the fifth bit of element l of sub-block j
+    const __m256i h = _mm256_and_si256(_mm256_srl_epi16(load32(blk.qh), _mm_cvtsi32_si128(j)),
+                                       _mm256_set1_epi8(0x01));
+    const __m256i u =
+        _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi8(0x0f)), _mm256_slli_epi16(h, 4));
+    off -= fp16_to_fp32(blk.dmin) * static_cast<float>(m) * x.s;
+    return _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(blk.d) * static_cast<float>(sc) * x.d),
+                           dot_u8_s8(u, load32(x.q)), acc);
+  }
+};
+
+struct Q6_KStep {
+  static __m256 step(const uint8_t* row, int64_t b, const BlockQ8Act& x, __m256 acc, float&) {
+    const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
+    const int bb = static_cast<int>(b % 8), h = bb / 4, j = bb % 4;
+    // low 4 bits: ql[64h + 32(j%2) + l] >> 4(j/2); high 2: qh[32h + l] >> 2j
+    __m256i lo = load32(blk.ql + 64 * h + 32 * (j % 2));
+    if (j / 2) lo = _mm256_srli_epi16(lo, 4);
+    lo = _mm256_and_si256(lo, _mm256_set1_epi8(0x0f));
+    const __m256i hi =
+        _mm256_and_si256(_mm256_srl_epi16(load32(blk.qh + 32 * h), _mm_cvtsi32_si128(2 * j)),
+                         _mm256_set1_epi8(0x03));
+    const __m256i w = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)),
+                                      _mm256_set1_epi8(32));  // -32..31
+    const __m256i xq = load32(x.q);
+    const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
+    // int16 lanes 0..7 hold elements 0..15 (scale 2bb), lanes 8..15 elements 16..31.
+    const int16_t s0 = blk.scales[2 * bb], s1 = blk.scales[2 * bb + 1];
+    const __m256i sc =
+        _mm256_setr_epi16(s0, s0, s0, s0, s0, s0, s0, s0, s1, s1, s1, s1, s1, s1, s1, s1);
+    const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, sc));
+    return _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(blk.d) * x.d), p, acc);
+  }
+};
+
+template <typename Step, int R>
+void rows_dot(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64_t nb, float* out,
+              bool prefetch) {
+  __m256 acc[R];
+  float off[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    off[r] = 0.0f;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    if (prefetch && b % 4 == 0)
+      for (int r = 0; r < R; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * row_bytes) +
+                         (b * static_cast<int64_t>(row_bytes)) / nb,
+                     _MM_HINT_T0);
+    for (int r = 0; r < R; ++r) acc[r] = Step::step(w + r * row_bytes, b, x[b], acc[r], off[r]);
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + off[r];
+}
+
+template <typename Step>
+void tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const uint8_t* acts,
+          size_t act_stride, int64_t n_tokens, float* out, size_t ldy) {
+  float res[4];
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const auto* x = reinterpret_cast<const BlockQ8Act*>(acts + t * act_stride);
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+      rows_dot<Step, 4>(w + r * row_bytes, row_bytes, x, k / 32, res, n_tokens == 1);
+      for (int i = 0; i < 4; ++i) out[t * ldy + r + i] = res[i];
+    }
+    for (; r < n_rows; ++r) {
+      rows_dot<Step, 1>(w + r * row_bytes, row_bytes, x, k / 32, res, false);
+      out[t * ldy + r] = res[0];
+    }
+  }
+}
+
+}  // namespace
+
+BARATA_DOT_TILE(dot_tile_q5_0_q8) {
+  tile<Q5_0Step>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
+}
+BARATA_DOT_TILE(dot_tile_q5_1_q8) {
+  tile<Q5_1Step>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
+}
+BARATA_DOT_TILE(dot_tile_iq4_nl_q8) {
+  tile<IQ4NLStep>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
+}
+BARATA_DOT_TILE(dot_tile_q4_k_q8) {
+  tile<Q4_KStep>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
+}
+BARATA_DOT_TILE(dot_tile_q5_k_q8) {
+  tile<Q5_KStep>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
+}
+BARATA_DOT_TILE(dot_tile_q6_k_q8) {
+  tile<Q6_KStep>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
+}
+
+}  // namespace barata
+
+#endif
