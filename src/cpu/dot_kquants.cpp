@@ -89,39 +89,30 @@ inline void scale_min(const uint8_t* q, int j, int& sc, int& m) {
   }
 }
 
-struct Q4_KStep {
+// Q4_K and Q5_K: sub-block j of 32 takes nibbles from qs (low for even j,
+// high for odd) and, for Q5_K, a fifth bit: bit j of qh[l] for element l.
+template <typename Block, bool kFifthBit>
+struct KNibbleStep {
   static __m256 step(const uint8_t* row, int64_t b, const BlockQ8Act& x, __m256 acc, float& off) {
-    const auto& blk = reinterpret_cast<const BlockQ4_K*>(row)[b / 8];
+    const auto& blk = reinterpret_cast<const Block*>(row)[b / 8];
     const int j = static_cast<int>(b % 8);
     int sc, m;
     scale_min(blk.scales, j, sc, m);
     __m256i v = load32(blk.qs + 32 * (j / 2));
     if (j % 2) v = _mm256_srli_epi16(v, 4);
-    const __m256i u = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+    __m256i u = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+    if constexpr (kFifthBit) {
+      const __m256i h = _mm256_and_si256(_mm256_srl_epi16(load32(blk.qh), _mm_cvtsi32_si128(j)),
+                                         _mm256_set1_epi8(0x01));
+      u = _mm256_or_si256(u, _mm256_slli_epi16(h, 4));
+    }
     off -= fp16_to_fp32(blk.dmin) * static_cast<float>(m) * x.s;
     return _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(blk.d) * static_cast<float>(sc) * x.d),
                            dot_u8_s8(u, load32(x.q)), acc);
   }
 };
-
-struct Q5_KStep {
-  static __m256 step(const uint8_t* row, int64_t b, const BlockQ8Act& x, __m256 acc, float& off) {
-    const auto& blk = reinterpret_cast<const BlockQ5_K*>(row)[b / 8];
-    const int j = static_cast<int>(b % 8);
-    int sc, m;
-    scale_min(blk.scales, j, sc, m);
-    __m256i v = load32(blk.qs + 32 * (j / 2));
-    if (j % 2) v = _mm256_srli_epi16(v, 4);
-    // bit j of qh[l] is the fifth bit of element l of sub-block j
-    const __m256i h = _mm256_and_si256(_mm256_srl_epi16(load32(blk.qh), _mm_cvtsi32_si128(j)),
-                                       _mm256_set1_epi8(0x01));
-    const __m256i u =
-        _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi8(0x0f)), _mm256_slli_epi16(h, 4));
-    off -= fp16_to_fp32(blk.dmin) * static_cast<float>(m) * x.s;
-    return _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(blk.d) * static_cast<float>(sc) * x.d),
-                           dot_u8_s8(u, load32(x.q)), acc);
-  }
-};
+using Q4_KStep = KNibbleStep<BlockQ4_K, false>;
+using Q5_KStep = KNibbleStep<BlockQ5_K, true>;
 
 struct Q6_KStep {
   static __m256 step(const uint8_t* row, int64_t b, const BlockQ8Act& x, __m256 acc, float&) {
