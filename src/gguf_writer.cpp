@@ -26,6 +26,7 @@ uint64_t align_up(uint64_t x, uint64_t a) {
 // Where emitted bytes go: a buffered file descriptor or a byte vector.
 class FdSink {
  public:
+  static constexpr bool kCounting = false;
   FdSink(int fd, std::string path) : fd_(fd), path_(std::move(path)) { buf_.reserve(kBuf); }
   void put(const void* p, size_t n) {
     const auto* b = static_cast<const uint8_t*>(p);
@@ -62,8 +63,16 @@ class FdSink {
   std::vector<uint8_t> buf_;
 };
 
+// Counts the bytes without looking at them (size()).
+struct CountSink {
+  static constexpr bool kCounting = true;
+  uint64_t n = 0;
+  void put(const void*, size_t len) { n += len; }
+};
+
 class VecSink {
  public:
+  static constexpr bool kCounting = false;
   void put(const void* p, size_t n) {
     const size_t at = out.size();
     out.resize(at + n);
@@ -157,6 +166,12 @@ void GgufWriter::add_tensor(const std::string& name, DType type, std::vector<int
 }
 
 void GgufWriter::add_tensor(const std::string& name, DType type, std::vector<int64_t> shape,
+                            Producer produce) {
+  add_tensor(name, type, std::move(shape), nullptr);
+  tensors_.back().produce = std::make_shared<Producer>(std::move(produce));
+}
+
+void GgufWriter::add_tensor(const std::string& name, DType type, std::vector<int64_t> shape,
                             std::vector<uint8_t> owned) {
   auto buf = std::make_shared<std::vector<uint8_t>>(std::move(owned));
   add_tensor(name, type, std::move(shape), buf->data());
@@ -202,17 +217,22 @@ void GgufWriter::emit(Sink& s) const {
   };
   pad(align_up(pos, alignment_));
   for (const auto& t : tensors_) {
-    s.put(t.data, t.n_bytes);
+    if (t.produce && !Sink::kCounting) {
+      const std::vector<uint8_t> bytes = (*t.produce)();
+      if (bytes.size() != t.n_bytes)
+        fail("GGUF writer: tensor {} produced {} bytes, expected {}", t.name, bytes.size(),
+             t.n_bytes);
+      s.put(bytes.data(), bytes.size());
+    } else {
+      s.put(t.data, t.n_bytes);
+    }
     pos += t.n_bytes;
     pad(align_up(pos, alignment_));
   }
 }
 
 uint64_t GgufWriter::size() const {
-  struct CountSink {
-    uint64_t n = 0;
-    void put(const void*, size_t len) { n += len; }
-  } s;
+  CountSink s;
   emit(s);
   return s.n;
 }

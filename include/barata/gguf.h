@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -181,6 +182,11 @@ class GgufWriter {
                   const void* data);
   void add_tensor(const std::string& name, DType type, std::vector<int64_t> shape,
                   std::vector<uint8_t> owned);
+  // Data made while the file is written, one tensor at a time (so a whole
+  // model never sits in memory); it must return exactly the tensor's bytes.
+  using Producer = std::function<std::vector<uint8_t>()>;
+  void add_tensor(const std::string& name, DType type, std::vector<int64_t> shape,
+                  Producer produce);
   void protect(const std::filesystem::path& input) { protected_.push_back(input); }
   void set_version(uint32_t v) { version_ = v; }  // 2 or 3
 
@@ -196,6 +202,7 @@ class GgufWriter {
     const uint8_t* data;
     size_t n_bytes;
     std::shared_ptr<std::vector<uint8_t>> owned;
+    std::shared_ptr<Producer> produce;
   };
   template <typename Sink>
   void emit(Sink& sink) const;

@@ -144,28 +144,32 @@ QuantResult quantize_model(const SourceModel& src, const QuantOptions& opt,
   for (const auto& in : src.inputs) w.protect(in);
   set_metadata(w, src, opt, res.plan);
   ThreadPool pool(std::max(1, opt.threads));
+  // Each tensor is loaded, quantized and measured while the file is written:
+  // one source tensor and its quantized copy in memory at a time.
   for (size_t i = 0; i < src.tensors.size(); ++i) {
     const SourceTensor& t = src.tensors[i];
     const TensorPlan& p = res.plan[i];
-    const std::vector<float> v = t.load();
-    if (static_cast<int64_t>(v.size()) != t.n_elements())
-      fail("{}: tensor {} loaded {} values, expected {}", src.description, t.name, v.size(),
-           t.n_elements());
-    Quantized q = quantize_one(pool, p.type, v, t.shape, is_matrix(p));
-    if (is_matrix(p)) {
-      MatrixStats s = matrix_stats(v.data(), q.back.data(), t.n_elements());
-      s.name = t.name;
-      s.type = p.type;
-      s.bytes = q.bytes.size();
-      res.quantized_weights += s.n;
-      res.quantized_bytes += s.bytes;
-      res.matrices.push_back(std::move(s));
-    }
-    w.add_tensor(t.name, p.type, t.shape, std::move(q.bytes));
-    if (opt.progress) opt.progress(i + 1, src.tensors.size(), t.name);
+    w.add_tensor(t.name, p.type, t.shape, [&, i]() {
+      const std::vector<float> v = t.load();
+      if (static_cast<int64_t>(v.size()) != t.n_elements())
+        fail("{}: tensor {} loaded {} values, expected {}", src.description, t.name, v.size(),
+             t.n_elements());
+      Quantized q = quantize_one(pool, p.type, v, t.shape, is_matrix(p));
+      if (is_matrix(p)) {
+        MatrixStats s = matrix_stats(v.data(), q.back.data(), t.n_elements());
+        s.name = t.name;
+        s.type = p.type;
+        s.bytes = q.bytes.size();
+        res.quantized_weights += s.n;
+        res.quantized_bytes += s.bytes;
+        res.matrices.push_back(std::move(s));
+      }
+      if (opt.progress) opt.progress(i + 1, src.tensors.size(), t.name);
+      return std::move(q.bytes);
+    });
   }
-  w.write(out);
   res.file_bytes = w.size();
+  w.write(out);
   res.seconds = seconds_since(t0);
   return res;
 }
