@@ -9,6 +9,7 @@
 // constant offsets (mins, the -16 / -32 of the 5- and 6-bit types) go through
 // the activation block's precomputed d * sum(q).
 #include <cstring>
+#include <vector>
 
 #include "barata/half.h"
 #include "barata/matmul.h"
@@ -21,7 +22,6 @@
 namespace barata {
 namespace {
 
-using simd::dot_u8_s8;
 using simd::hsum;
 using simd::unpack_nibbles;
 
@@ -42,39 +42,47 @@ inline __m256i load32(const void* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
-// ---- per-type steps: acc += scale * dot(weights of block b, x); off += ... -------
-struct Q5_0Step {
-  static __m256 step(const uint8_t* row, int64_t b, const BlockQ8Act& x, __m256 acc, float& off) {
+// ---- per-type decoders ------------------------------------------------------------
+// decode(row, b) gives chunk b (32 weights) as int8 levels q, the scale of
+// their integer dot, the constant `min` (the chunk contributes
+// scale * d_x * dot(q, x) - min * d_x * sum(x)), and for Q6_K the per-16
+// sub-scales as int16 lanes.
+struct Chunk {
+  __m256i q;
+  __m256i sub;  // kSub16 types only
+  float scale, min;
+};
+
+struct Q5_0Dec {
+  static constexpr bool kSigned = false, kSub16 = false;
+  static Chunk decode(const uint8_t* row, int64_t b) {
     const auto& blk = reinterpret_cast<const BlockQ5_0*>(row)[b];
     uint32_t qh;
     std::memcpy(&qh, blk.qh, 4);
-    const __m256i u = _mm256_or_si256(unpack_nibbles(blk.qs), fifth_bits(qh));  // 0..31
     const float d = fp16_to_fp32(blk.d);
-    off -= 16.0f * d * x.s;
-    return _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), dot_u8_s8(u, load32(x.q)), acc);
+    return {_mm256_or_si256(unpack_nibbles(blk.qs), fifth_bits(qh)), _mm256_setzero_si256(), d,
+            16.0f * d};
   }
 };
 
-struct Q5_1Step {
-  static __m256 step(const uint8_t* row, int64_t b, const BlockQ8Act& x, __m256 acc, float& off) {
+struct Q5_1Dec {
+  static constexpr bool kSigned = false, kSub16 = false;
+  static Chunk decode(const uint8_t* row, int64_t b) {
     const auto& blk = reinterpret_cast<const BlockQ5_1*>(row)[b];
     uint32_t qh;
     std::memcpy(&qh, blk.qh, 4);
-    const __m256i u = _mm256_or_si256(unpack_nibbles(blk.qs), fifth_bits(qh));
-    off += fp16_to_fp32(blk.m) * x.s;
-    return _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(blk.d) * x.d), dot_u8_s8(u, load32(x.q)),
-                           acc);
+    return {_mm256_or_si256(unpack_nibbles(blk.qs), fifth_bits(qh)), _mm256_setzero_si256(),
+            fp16_to_fp32(blk.d), -fp16_to_fp32(blk.m)};
   }
 };
 
-struct IQ4NLStep {
-  static __m256 step(const uint8_t* row, int64_t b, const BlockQ8Act& x, __m256 acc, float&) {
+struct IQ4NLDec {
+  static constexpr bool kSigned = true, kSub16 = false;
+  static Chunk decode(const uint8_t* row, int64_t b) {
     const auto& blk = reinterpret_cast<const BlockIQ4_NL*>(row)[b];
     const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues));
-    const __m256i w = _mm256_shuffle_epi8(_mm256_set_m128i(t, t), unpack_nibbles(blk.qs));
-    const __m256i xq = load32(x.q);
-    const __m256 p = dot_u8_s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
-    return _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(blk.d) * x.d), p, acc);
+    return {_mm256_shuffle_epi8(_mm256_set_m128i(t, t), unpack_nibbles(blk.qs)),
+            _mm256_setzero_si256(), fp16_to_fp32(blk.d), 0.0f};
   }
 };
 
@@ -92,8 +100,9 @@ inline void scale_min(const uint8_t* q, int j, int& sc, int& m) {
 // Q4_K and Q5_K: sub-block j of 32 takes nibbles from qs (low for even j,
 // high for odd) and, for Q5_K, a fifth bit: bit j of qh[l] for element l.
 template <typename Block, bool kFifthBit>
-struct KNibbleStep {
-  static __m256 step(const uint8_t* row, int64_t b, const BlockQ8Act& x, __m256 acc, float& off) {
+struct KNibbleDec {
+  static constexpr bool kSigned = false, kSub16 = false;
+  static Chunk decode(const uint8_t* row, int64_t b) {
     const auto& blk = reinterpret_cast<const Block*>(row)[b / 8];
     const int j = static_cast<int>(b % 8);
     int sc, m;
@@ -106,16 +115,16 @@ struct KNibbleStep {
                                          _mm256_set1_epi8(0x01));
       u = _mm256_or_si256(u, _mm256_slli_epi16(h, 4));
     }
-    off -= fp16_to_fp32(blk.dmin) * static_cast<float>(m) * x.s;
-    return _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(blk.d) * static_cast<float>(sc) * x.d),
-                           dot_u8_s8(u, load32(x.q)), acc);
+    return {u, _mm256_setzero_si256(), fp16_to_fp32(blk.d) * static_cast<float>(sc),
+            fp16_to_fp32(blk.dmin) * static_cast<float>(m)};
   }
 };
-using Q4_KStep = KNibbleStep<BlockQ4_K, false>;
-using Q5_KStep = KNibbleStep<BlockQ5_K, true>;
+using Q4_KDec = KNibbleDec<BlockQ4_K, false>;
+using Q5_KDec = KNibbleDec<BlockQ5_K, true>;
 
-struct Q6_KStep {
-  static __m256 step(const uint8_t* row, int64_t b, const BlockQ8Act& x, __m256 acc, float&) {
+struct Q6_KDec {
+  static constexpr bool kSigned = true, kSub16 = true;
+  static Chunk decode(const uint8_t* row, int64_t b) {
     const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
     const int bb = static_cast<int>(b % 8), h = bb / 4, j = bb % 4;
     // low 4 bits: ql[64h + 32(j%2) + l] >> 4(j/2); high 2: qh[32h + l] >> 2j
@@ -127,18 +136,27 @@ struct Q6_KStep {
                          _mm256_set1_epi8(0x03));
     const __m256i w = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)),
                                       _mm256_set1_epi8(32));  // -32..31
-    const __m256i xq = load32(x.q);
-    const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
-    // int16 lanes 0..7 hold elements 0..15 (scale 2bb), lanes 8..15 elements 16..31.
+    // int16 lanes 0..7 of the products hold elements 0..15 (scale 2bb), 8..15 the rest.
     const int16_t s0 = blk.scales[2 * bb], s1 = blk.scales[2 * bb + 1];
-    const __m256i sc =
-        _mm256_setr_epi16(s0, s0, s0, s0, s0, s0, s0, s0, s1, s1, s1, s1, s1, s1, s1, s1);
-    const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, sc));
-    return _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(blk.d) * x.d), p, acc);
+    return {w, _mm256_setr_epi16(s0, s0, s0, s0, s0, s0, s0, s0, s1, s1, s1, s1, s1, s1, s1, s1),
+            fp16_to_fp32(blk.d), 0.0f};
   }
 };
 
-template <typename Step, int R>
+// acc += scale * d_x * dot(q, x) (exact integers), off -= min * d_x * sum(x).
+template <typename Dec>
+inline __m256 apply(const Chunk& c, const BlockQ8Act& x, __m256 acc, float& off) {
+  const __m256i xq = load32(x.q);
+  const __m256i p16 =
+      Dec::kSigned ? _mm256_maddubs_epi16(_mm256_sign_epi8(c.q, c.q), _mm256_sign_epi8(xq, c.q))
+                   : _mm256_maddubs_epi16(c.q, xq);
+  const __m256i p32 = _mm256_madd_epi16(p16, Dec::kSub16 ? c.sub : _mm256_set1_epi16(1));
+  off -= c.min * x.s;
+  return _mm256_fmadd_ps(_mm256_set1_ps(c.scale * x.d), _mm256_cvtepi32_ps(p32), acc);
+}
+
+// Matrix-vector: chunks decoded in registers, four rows per activation load.
+template <typename Dec, int R>
 void rows_dot(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64_t nb, float* out,
               bool prefetch) {
   __m256 acc[R];
@@ -153,24 +171,63 @@ void rows_dot(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64_t n
         _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * row_bytes) +
                          (b * static_cast<int64_t>(row_bytes)) / nb,
                      _MM_HINT_T0);
-    for (int r = 0; r < R; ++r) acc[r] = Step::step(w + r * row_bytes, b, x[b], acc[r], off[r]);
+    for (int r = 0; r < R; ++r)
+      acc[r] = apply<Dec>(Dec::decode(w + r * row_bytes, b), x[b], acc[r], off[r]);
   }
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + off[r];
 }
 
-template <typename Step>
+// Matrix-matrix: the tile's rows are decoded once into a per-thread buffer of
+// chunks, which every token then reads; the same apply() per output.
+template <typename Dec, int R>
+void rows_dot_wide(const Chunk* const* rows, const BlockQ8Act* x, int64_t nb, float* out) {
+  __m256 acc[R];
+  float off[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    off[r] = 0.0f;
+  }
+  for (int64_t b = 0; b < nb; ++b)
+    for (int r = 0; r < R; ++r) acc[r] = apply<Dec>(rows[r][b], x[b], acc[r], off[r]);
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + off[r];
+}
+
+template <typename Dec>
 void tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const uint8_t* acts,
           size_t act_stride, int64_t n_tokens, float* out, size_t ldy) {
+  const int64_t nb = k / 32;
   float res[4];
+  auto x_of = [&](int64_t t) { return reinterpret_cast<const BlockQ8Act*>(acts + t * act_stride); };
+  if (n_tokens < 4) {
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      int64_t r = 0;
+      for (; r + 4 <= n_rows; r += 4) {
+        rows_dot<Dec, 4>(w + r * row_bytes, row_bytes, x_of(t), nb, res, n_tokens == 1);
+        for (int i = 0; i < 4; ++i) out[t * ldy + r + i] = res[i];
+      }
+      for (; r < n_rows; ++r) {
+        rows_dot<Dec, 1>(w + r * row_bytes, row_bytes, x_of(t), nb, res, false);
+        out[t * ldy + r] = res[0];
+      }
+    }
+    return;
+  }
+  thread_local std::vector<Chunk> wide;
+  wide.resize(static_cast<size_t>(n_rows * nb));
+  for (int64_t r = 0; r < n_rows; ++r)
+    for (int64_t b = 0; b < nb; ++b)
+      wide[static_cast<size_t>(r * nb + b)] = Dec::decode(w + r * row_bytes, b);
   for (int64_t t = 0; t < n_tokens; ++t) {
-    const auto* x = reinterpret_cast<const BlockQ8Act*>(acts + t * act_stride);
     int64_t r = 0;
     for (; r + 4 <= n_rows; r += 4) {
-      rows_dot<Step, 4>(w + r * row_bytes, row_bytes, x, k / 32, res, n_tokens == 1);
+      const Chunk* rows[4] = {&wide[r * nb], &wide[(r + 1) * nb], &wide[(r + 2) * nb],
+                              &wide[(r + 3) * nb]};
+      rows_dot_wide<Dec, 4>(rows, x_of(t), nb, res);
       for (int i = 0; i < 4; ++i) out[t * ldy + r + i] = res[i];
     }
     for (; r < n_rows; ++r) {
-      rows_dot<Step, 1>(w + r * row_bytes, row_bytes, x, k / 32, res, false);
+      const Chunk* rows[1] = {&wide[r * nb]};
+      rows_dot_wide<Dec, 1>(rows, x_of(t), nb, res);
       out[t * ldy + r] = res[0];
     }
   }
@@ -179,22 +236,22 @@ void tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const u
 }  // namespace
 
 BARATA_DOT_TILE(dot_tile_q5_0_q8) {
-  tile<Q5_0Step>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
+  tile<Q5_0Dec>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
 }
 BARATA_DOT_TILE(dot_tile_q5_1_q8) {
-  tile<Q5_1Step>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
+  tile<Q5_1Dec>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
 }
 BARATA_DOT_TILE(dot_tile_iq4_nl_q8) {
-  tile<IQ4NLStep>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
+  tile<IQ4NLDec>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
 }
 BARATA_DOT_TILE(dot_tile_q4_k_q8) {
-  tile<Q4_KStep>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
+  tile<Q4_KDec>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
 }
 BARATA_DOT_TILE(dot_tile_q5_k_q8) {
-  tile<Q5_KStep>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
+  tile<Q5_KDec>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
 }
 BARATA_DOT_TILE(dot_tile_q6_k_q8) {
-  tile<Q6_KStep>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
+  tile<Q6_KDec>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
 }
 
 }  // namespace barata
