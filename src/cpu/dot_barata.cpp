@@ -145,7 +145,8 @@ void int_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, con
   thread_local std::vector<float> cs_buf;
   lv_buf.resize(static_cast<size_t>(n_rows * k));
   cs_buf.resize(static_cast<size_t>(n_rows * nb));
-  std::vector<float> rs(static_cast<size_t>(n_rows));
+  thread_local std::vector<float> rs;  // per row, reused: no allocation per tile
+  rs.resize(static_cast<size_t>(n_rows));
   for (int64_t r = 0; r < n_rows; ++r) {
     const Row row(w + r * row_bytes, nb);
     rs[static_cast<size_t>(r)] = row.row_scale;
