@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "barata/error.h"
+#include "barata/file_io.h"
 #include "barata/gguf.h"
 #include "mapped_file.h"
 
@@ -241,6 +242,26 @@ GgufFile GgufFile::from_memory(std::span<const uint8_t> bytes, std::string name)
   return f;
 }
 
+GgufFile GgufFile::from_parts(std::string name,
+                              std::vector<std::pair<std::string, GgufValue>> metadata,
+                              std::vector<GgufTensorInfo> tensors) {
+  GgufFile f;
+  f.name_ = std::move(name);
+  for (auto& [key, value] : metadata) {
+    if (f.kv_index_.count(key)) fail("{}: duplicate metadata key '{}'", f.name_, printable(key));
+    f.kv_index_.emplace(key, f.kv_.size());
+    f.kv_.emplace_back(std::move(key), std::move(value));
+  }
+  for (auto& t : tensors) {
+    if (f.tensor_index_.count(t.name))
+      fail("{}: duplicate tensor name '{}'", f.name_, printable(t.name));
+    t.data = nullptr;
+    f.tensor_index_.emplace(t.name, f.tensors_.size());
+    f.tensors_.push_back(std::move(t));
+  }
+  return f;
+}
+
 void GgufFile::parse() {
   const std::string& file = name_;
   if (bytes_.size() < 24)
@@ -277,12 +298,12 @@ void GgufFile::parse() {
   for (uint64_t i = 0; i < n_kv; ++i) {
     const std::string where = fmt::format("metadata entry #{}", i);
     std::string key = c.read_string(where + " key");
-    const std::string what = fmt::format("metadata key '{}'", key);
+    const std::string what = fmt::format("metadata key '{}'", printable(key));
     const uint64_t at = c.pos();
     const auto t = c.read<uint32_t>(what + " value type");
     if (!valid_type(t)) fail("{}: {}: invalid value type {} at byte {}", file, what, t, at);
     GgufValue v = read_value(c, static_cast<GgufType>(t), what, file, 0);
-    if (kv_index_.count(key)) fail("{}: duplicate metadata key '{}'", file, key);
+    if (kv_index_.count(key)) fail("{}: duplicate metadata key '{}'", file, printable(key));
     kv_index_.emplace(key, kv_.size());
     kv_.emplace_back(std::move(key), std::move(v));
   }
@@ -298,11 +319,15 @@ void GgufFile::parse() {
   tensors_.reserve(n_tensors);
   for (uint64_t i = 0; i < n_tensors; ++i) {
     GgufTensorInfo ti;
+    const uint64_t info_at = c.pos();
     ti.name = c.read_string(fmt::format("tensor info #{} name", i));
-    const std::string what = fmt::format("tensor {}", ti.name);
+    const std::string what =
+        fmt::format("tensor #{} '{}' (info at byte {})", i, printable(ti.name), info_at);
+    const uint64_t dims_at = c.pos();
     const auto n_dims = c.read<uint32_t>(what + " n_dims");
     if (n_dims == 0 || n_dims > kMaxDims)
-      fail("{}: {}: n_dims is {}, expected 1 to {}", file, what, n_dims, kMaxDims);
+      fail("{}: {}: n_dims at byte {} is {}, expected 1 to {}", file, what, dims_at, n_dims,
+           kMaxDims);
     uint64_t n_elements = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const auto dim = c.read<uint64_t>(what + " dimension");
@@ -323,39 +348,49 @@ void GgufFile::parse() {
     if (ti.shape[0] % tr->block_size != 0)
       fail("{}: {}: row length {} is not a multiple of the {} block size {}", file, what,
            ti.shape[0], tr->name, tr->block_size);
-    // rows x (row header + group scales + blocks per row x block bytes) + tensor header
-    uint64_t row_bytes = 0;
-    if (mul_overflows(static_cast<uint64_t>(ti.shape[0]) / tr->block_size, tr->bytes_per_block,
-                      row_bytes) ||
-        row_bytes > std::numeric_limits<uint64_t>::max() / 2 ||
-        mul_overflows(n_elements / static_cast<uint64_t>(ti.shape[0]),
-                      row_bytes + tr->row_header +
-                          (tr->row_group ? 2 * ((static_cast<uint64_t>(ti.shape[0]) - 1) /
-                                                    static_cast<uint64_t>(tr->row_group) +
-                                                1)
-                                         : 0),
-                      ti.n_bytes) ||
-        ti.n_bytes > std::numeric_limits<uint64_t>::max() - tr->tensor_header)
-      fail("{}: {}: byte size overflows 64 bits", file, what);
-    ti.n_bytes += tr->tensor_header;
+    const auto n_bytes = checked_tensor_bytes(ti.type, ti.shape);
+    if (!n_bytes) fail("{}: {}: byte size overflows 64 bits", file, what);
+    ti.n_bytes = *n_bytes;
     ti.offset = c.read<uint64_t>(what + " offset");
     if (ti.offset % alignment_ != 0)
       fail("{}: {}: data offset {} is not a multiple of the alignment {}", file, what, ti.offset,
            alignment_);
-    if (tensor_index_.count(ti.name)) fail("{}: duplicate tensor name '{}'", file, ti.name);
+    if (tensor_index_.count(ti.name)) fail("{}: {}: duplicate tensor name", file, what);
     tensor_index_.emplace(ti.name, tensors_.size());
     tensors_.push_back(std::move(ti));
   }
 
   data_offset_ = (c.pos() + alignment_ - 1) / alignment_ * alignment_;
   const uint64_t size = bytes_.size();
-  for (auto& ti : tensors_) {
-    uint64_t begin = 0, end = 0;
-    if (__builtin_add_overflow(data_offset_, ti.offset, &begin) ||
-        __builtin_add_overflow(begin, ti.n_bytes, &end) || end > size)
-      fail("{}: tensor {}: data [{}, {}) is past the end of the file ({} bytes)", file, ti.name,
-           data_offset_ + ti.offset, data_offset_ + ti.offset + ti.n_bytes, size);
-    ti.data = bytes_.data() + begin;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    GgufTensorInfo& ti = tensors_[i];
+    // Compared without forming begin + n_bytes, which may wrap around.
+    const uint64_t room = size > data_offset_ ? size - data_offset_ : 0;
+    if (ti.offset > room || ti.n_bytes > room - ti.offset)
+      fail(
+          "{}: tensor #{} '{}': {} bytes of data at offset {} of the data section (which starts "
+          "at byte {}) run past the end of the file ({} bytes)",
+          file, i, printable(ti.name), ti.n_bytes, ti.offset, data_offset_, size);
+    ti.data = bytes_.data() + data_offset_ + ti.offset;
+  }
+  // No writer lays two tensors over the same bytes; a file that does is
+  // corrupt or crafted (a write through one would change the other), so it
+  // is refused, naming both.
+  std::vector<size_t> order(tensors_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return tensors_[a].offset != tensors_[b].offset ? tensors_[a].offset < tensors_[b].offset
+                                                    : a < b;
+  });
+  for (size_t j = 1; j < order.size(); ++j) {
+    const GgufTensorInfo& prev = tensors_[order[j - 1]];
+    const GgufTensorInfo& cur = tensors_[order[j]];
+    if (cur.offset < prev.offset + prev.n_bytes)  // no overflow: both end inside the file
+      fail(
+          "{}: tensor #{} '{}' (data [{}, {})) overlaps tensor #{} '{}' (data [{}, {})) in the "
+          "data section",
+          file, order[j], printable(cur.name), cur.offset, cur.offset + cur.n_bytes, order[j - 1],
+          printable(prev.name), prev.offset, prev.offset + prev.n_bytes);
   }
 }
 

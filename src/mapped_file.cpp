@@ -9,21 +9,19 @@
 #include <unistd.h>
 
 #include "barata/error.h"
+#include "barata/file_io.h"
 
 namespace barata {
 
 MappedFile::MappedFile(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("{}: cannot open: {}", path.string(), std::strerror(errno));
+  // Opened without blocking: a FIFO named as a model must be refused, not
+  // waited on.
+  const int fd = open_regular_file(path, "file");
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int e = errno;
     ::close(fd);
     fail("{}: cannot stat: {}", path.string(), std::strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("{}: not a regular file", path.string());
   }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) {

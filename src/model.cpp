@@ -24,6 +24,8 @@ const GgufTensorInfo& require(const GgufFile& f, const std::string& name,
 
 WeightView matrix(const GgufFile& f, const std::string& name, int64_t k, int64_t n_rows) {
   const GgufTensorInfo& t = require(f, name, {k, n_rows});
+  if (t.data == nullptr)  // a layout being checked (Model::check_layout)
+    return WeightView{t.type, k, n_rows, nullptr, row_bytes(t.type, k), nullptr};
   return make_weight_view(t.type, k, n_rows, t.data);
 }
 
@@ -31,11 +33,23 @@ WeightView matrix(const GgufFile& f, const std::string& name, int64_t k, int64_t
 std::vector<float> vector_f32(const GgufFile& f, const std::string& name, int64_t n) {
   const GgufTensorInfo& t = require(f, name, {n});
   std::vector<float> out(static_cast<size_t>(n));
-  dequantize_tensor_row(t.type, t.data, n, 0, out.data());
+  if (t.data != nullptr) dequantize_tensor_row(t.type, t.data, n, 0, out.data());
   return out;
 }
 
+void check_block_count(const GgufFile& f, const ModelConfig& c) {
+  // Each layer needs at least its 9 weight tensors: a block count the file
+  // cannot back is refused before the layers are allocated.
+  if (static_cast<uint64_t>(c.n_layer) * 9 > f.tensors().size())
+    fail("{}: {}.block_count = {} needs at least {} tensors but the file has {}", f.name(), c.arch,
+         c.n_layer, c.n_layer * 9, f.tensors().size());
+}
+
 }  // namespace
+
+void Model::check_layout(GgufFile layout) {
+  from_gguf(std::move(layout));  // with no data, binding reads nothing
+}
 
 Model Model::load(const std::filesystem::path& path) {
   return from_gguf(GgufFile::open(path));
@@ -50,9 +64,7 @@ Model Model::from_gguf(GgufFile file) {
   m.token_embd_ = matrix(f, "token_embd.weight", c.d_model, c.n_vocab);
   m.output_ = c.tied_embeddings ? m.token_embd_ : matrix(f, "output.weight", c.d_model, c.n_vocab);
   m.output_norm_ = vector_f32(f, "output_norm.weight", c.d_model);
-  if (c.rope_dims > c.head_dim || c.rope_dims % 2 != 0)
-    fail("{}: rope dimension count {} must be even and at most the head dim {}", f.name(),
-         c.rope_dims, c.head_dim);
+  check_block_count(f, c);
   m.layers_.resize(static_cast<size_t>(c.n_layer));
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";

@@ -47,6 +47,11 @@ SourceModel load_gguf_source(const std::filesystem::path& path);
 // rotary layout), Qwen2ForCausalLM -> qwen2. Errors name the file and the key.
 SourceModel load_hf_checkpoint(const std::filesystem::path& dir);
 
+// Refuses (barata::Error) a source that would convert to a file barata
+// cannot load: the hyperparameters out of range, a tensor missing or of the
+// wrong shape (load_hf_checkpoint calls it before returning).
+void check_source_layout(const SourceModel& m);
+
 // Either of the above, chosen by whether `path` is a directory.
 SourceModel load_source(const std::filesystem::path& path);
 

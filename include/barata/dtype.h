@@ -89,6 +89,9 @@ size_t row_bytes(DType t, int64_t k);
 // Bytes of a tensor: shape in ggml order (shape[0] is the row length).
 size_t tensor_bytes(DType t, std::span<const int64_t> shape);
 size_t tensor_bytes(DType t, int64_t k, int64_t n_rows);
+// The same formula, for untrusted shapes: nullopt when a dimension is not
+// negative, the row is not whole blocks, or the size overflows 64 bits.
+std::optional<uint64_t> checked_tensor_bytes(DType t, std::span<const int64_t> shape);
 // Where the rows start inside a tensor's data, and its one scale (1 unless kTensor).
 const uint8_t* tensor_rows(DType t, const uint8_t* tensor);
 float tensor_scale(DType t, const uint8_t* tensor);

@@ -91,6 +91,11 @@ class GgufFile {
   static GgufFile open(const std::filesystem::path& path);
   // Validates a buffer the caller keeps alive (fuzzing, tests).
   static GgufFile from_memory(std::span<const uint8_t> bytes, std::string name = "<memory>");
+  // Metadata and tensor infos with no data (every data pointer null): the
+  // layout of a file about to be written, to validate before writing it.
+  static GgufFile from_parts(std::string name,
+                             std::vector<std::pair<std::string, GgufValue>> metadata,
+                             std::vector<GgufTensorInfo> tensors);
 
   GgufFile(GgufFile&&) noexcept;
   GgufFile& operator=(GgufFile&&) noexcept;
@@ -167,7 +172,8 @@ std::vector<T> GgufFile::get_array(std::string_view key) const {
 
 // Writes a GGUF (version 3 unless told otherwise) atomically: a temporary file
 // in the destination's folder, flushed and fsync'd, then renamed over the
-// destination. Refuses to write over any of its protected inputs.
+// destination (barata/atomic_file.h: what a kill leaves, BARATA_NO_O_TMPFILE).
+// Refuses to write over any of its protected inputs.
 class GgufWriter {
  public:
   explicit GgufWriter(uint32_t alignment = 32);

@@ -31,6 +31,10 @@ class Model {
   // actual shape or type.
   static Model load(const std::filesystem::path& path);
   static Model from_gguf(GgufFile file);
+  // Every check of from_gguf on a layout with no data (GgufFile::from_parts):
+  // the config's ranges and every tensor's presence and shape, for a file
+  // about to be written.
+  static void check_layout(GgufFile layout);
 
   const ModelConfig& config() const { return cfg_; }
   const GgufFile& file() const { return file_; }

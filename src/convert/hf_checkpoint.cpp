@@ -14,6 +14,8 @@
 
 #include "barata/convert.h"
 #include "barata/error.h"
+#include "barata/file_io.h"
+#include "barata/model.h"
 #include "convert/hf_json.h"
 #include "convert/safetensors.h"
 
@@ -25,14 +27,21 @@ namespace hf {
 
 json read_json(const std::filesystem::path& path) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) fail("{}: not found", path.string());
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open", path.string());
+  if (!std::filesystem::exists(path, ec)) fail("{}: not found", path.string());
+  const std::string text = read_regular_file(path, "JSON file");
   try {
-    return json::parse(f);
+    return json::parse(text);
   } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", path.string(), e.what());
+    fail("{}: not valid JSON: {}", path.string(), printable(e.what()));
   }
+}
+
+void throw_json_error(const std::filesystem::path& file, const nlohmann::json::exception& e) {
+  // e.what() is "[json.exception.type_error.302] type must be string, but is number".
+  std::string what = e.what();
+  if (const auto p = what.find("] "); what.rfind("[json.", 0) == 0 && p != std::string::npos)
+    what = what.substr(p + 2);
+  fail("{}: unexpected JSON structure: {}", file.string(), printable(what));
 }
 
 }  // namespace hf
@@ -275,10 +284,13 @@ SourceModel load_hf_checkpoint(const std::filesystem::path& dir) {
   const auto config_path = dir / "config.json";
   const json config = hf::read_json(config_path);
   m.inputs.push_back(config_path);
-  const Config c = read_config(ConfigReader(config_path, config), model_name(dir), m.metadata);
+  const Config c = hf::with_json_errors(config_path, [&] {
+    return read_config(ConfigReader(config_path, config), model_name(dir), m.metadata);
+  });
   hf::add_tokenizer_metadata(dir, config, m.metadata, m.inputs);
 
-  const std::vector<Located> found = locate_tensors(dir, m.inputs);
+  const std::vector<Located> found = hf::with_json_errors(
+      dir / "model.safetensors.index.json", [&] { return locate_tensors(dir, m.inputs); });
   auto files = std::make_shared<std::vector<std::shared_ptr<SafetensorsFile>>>();
   std::vector<std::pair<int64_t, SourceTensor>> mapped;
   std::set<std::string> seen;
@@ -322,7 +334,31 @@ SourceModel load_hf_checkpoint(const std::filesystem::path& dir) {
                    [](const auto& x, const auto& y) { return x.first < y.first; });
   for (auto& [order, st] : mapped) m.tensors.push_back(std::move(st));
   m.keep_alive = files;
+  check_source_layout(m);
   return m;
+}
+
+void check_source_layout(const SourceModel& m) {
+  // The file about to be written must be one barata loads: the same checks,
+  // on the metadata and shapes alone, before a byte is written.
+  std::vector<GgufTensorInfo> infos;
+  infos.reserve(m.tensors.size());
+  for (const SourceTensor& t : m.tensors) {
+    GgufTensorInfo ti;
+    ti.name = t.name;
+    ti.type = DType::F32;
+    ti.shape = t.shape;
+    ti.n_elements = t.n_elements();
+    ti.offset = 0;
+    ti.n_bytes = 0;
+    ti.data = nullptr;
+    infos.push_back(std::move(ti));
+  }
+  try {
+    Model::check_layout(GgufFile::from_parts(m.description, m.metadata, std::move(infos)));
+  } catch (const Error& e) {
+    fail("the converted model would not load: {}", e.what());
+  }
 }
 
 }  // namespace barata

@@ -113,15 +113,35 @@ size_t row_bytes(DType t, int64_t k) {
   return tr.row_header + 2 * groups + static_cast<size_t>(k / tr.block_size) * tr.bytes_per_block;
 }
 
+std::optional<uint64_t> checked_tensor_bytes(DType t, std::span<const int64_t> shape) {
+  const DTypeTraits& tr = dtype_traits(t);
+  if (shape.empty() || shape[0] < 0 || shape[0] % tr.block_size != 0) return std::nullopt;
+  const auto k = static_cast<uint64_t>(shape[0]);
+  uint64_t rows = 1;
+  for (size_t i = 1; i < shape.size(); ++i)
+    if (shape[i] < 0 || __builtin_mul_overflow(rows, static_cast<uint64_t>(shape[i]), &rows))
+      return std::nullopt;
+  const uint64_t groups = tr.row_group ? (k + tr.row_group - 1) / tr.row_group : 0;
+  uint64_t row = 0, total = 0;
+  if (__builtin_mul_overflow(k / tr.block_size, tr.bytes_per_block, &row) ||
+      __builtin_add_overflow(row, tr.row_header + 2 * groups, &row) ||
+      __builtin_mul_overflow(row, rows, &total) ||
+      __builtin_add_overflow(total, tr.tensor_header, &total))
+    return std::nullopt;
+  return total;
+}
+
 size_t tensor_bytes(DType t, int64_t k, int64_t n_rows) {
-  return dtype_traits(t).tensor_header + row_bytes(t, k) * static_cast<size_t>(n_rows);
+  const int64_t shape[2] = {k, n_rows};
+  return tensor_bytes(t, shape);
 }
 
 size_t tensor_bytes(DType t, std::span<const int64_t> shape) {
   if (shape.empty()) fail("internal: tensor_bytes of an empty shape");
-  int64_t rows = 1;
-  for (size_t i = 1; i < shape.size(); ++i) rows *= shape[i];
-  return tensor_bytes(t, shape[0], rows);
+  if (shape[0] < 0 || shape[0] % dtype_traits(t).block_size != 0) row_bytes(t, shape[0]);  // throws
+  const auto n = checked_tensor_bytes(t, shape);
+  if (!n) fail("a {} tensor of this shape has more bytes than 64 bits count", dtype_name(t));
+  return static_cast<size_t>(*n);
 }
 
 const uint8_t* tensor_rows(DType t, const uint8_t* tensor) {

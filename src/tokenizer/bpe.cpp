@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <queue>
 
+#include "barata/error.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/unicode.h"
 #include "tokenizer/vocab.h"
@@ -31,6 +32,20 @@ struct ByRank {  // the top is the lowest rank, then the leftmost
     return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
   }
 };
+
+// A byte whose token the vocabulary lacks (no real byte-level vocabulary
+// does) becomes the unknown token when there is one; dropping it silently
+// would change the text, so without one it is an error.
+void missing_byte(const Vocab& v, unsigned char b, std::vector<int32_t>& out) {
+  if (v.unk >= 0) {
+    out.push_back(v.unk);
+    return;
+  }
+  fail(
+      "tokenizer: the vocabulary has no token for byte 0x{:02X} and no unknown token to stand "
+      "for it",
+      b);
+}
 
 class WordMerger {
  public:
@@ -67,10 +82,12 @@ class WordMerger {
       propose(l.prev, b.left);
       propose(b.left, l.next);
     }
-    // A byte without a token (no vocabulary tested has one) is dropped, as
-    // llama.cpp drops it.
-    for (int32_t i = 0; i != -1; i = sym_[i].next)
-      if (sym_[i].id >= 0) out.push_back(sym_[i].id);
+    for (int32_t i = 0; i != -1; i = sym_[i].next) {
+      if (sym_[i].id >= 0)
+        out.push_back(sym_[i].id);
+      else
+        missing_byte(v_, static_cast<unsigned char>(word[static_cast<size_t>(i)]), out);
+    }
   }
 
  private:
@@ -102,7 +119,10 @@ void bpe_encode(const Vocab& v, std::string_view raw, std::vector<int32_t>& out)
   for (std::string_view w : words) {
     if (w.size() == 1) {  // the most common word after splitting: one byte
       const int32_t id = v.byte_token[static_cast<unsigned char>(w[0])];
-      if (id >= 0) out.push_back(id);
+      if (id >= 0)
+        out.push_back(id);
+      else
+        missing_byte(v, static_cast<unsigned char>(w[0]), out);
       continue;
     }
     merger.encode(w, out);

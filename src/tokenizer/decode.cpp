@@ -105,8 +105,17 @@ std::string piece_for(const Vocab& v, int32_t id) {
       return out;
     }
     if (t.attr & kAttrByte) {  // "<0xXX>"
-      if (t.text.size() == 6 && t.text.compare(0, 3, "<0x") == 0 && t.text[5] == '>')
-        return std::string(1, static_cast<char>(std::stoi(t.text.substr(3, 2), nullptr, 16)));
+      // A byte token's text is "<0xXX>" with two hex digits; any other text
+      // (a hostile "<0xZZ>") is not a byte and has no piece.
+      auto hex = [](char c) {
+        return c >= '0' && c <= '9'   ? c - '0'
+               : c >= 'A' && c <= 'F' ? c - 'A' + 10
+               : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                      : -1;
+      };
+      if (t.text.size() == 6 && t.text.compare(0, 3, "<0x") == 0 && t.text[5] == '>' &&
+          hex(t.text[3]) >= 0 && hex(t.text[4]) >= 0)
+        return std::string(1, static_cast<char>(hex(t.text[3]) * 16 + hex(t.text[4])));
       return t.text.size() == 1 ? t.text : std::string();
     }
     return {};
