@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Fetches llama.cpp's vocabulary test sets for the tokenizer tests: the
+# ggml-vocab-*.gguf files (a tokenizer and no weights) with their .inp/.out
+# strings and expected ids, taken from the source distribution of the PyPI
+# package llama-cpp-python==0.3.16, which vendors llama.cpp at commit 4227c9b
+# (2025-08-14; the sdist records no release number). The sdist is cached in
+# models/cache/ and checked by sha256; the files go to models/vocab/ and are
+# checked against tests/data/vocab-llama-cpp-python-0.3.16.sha256. Does nothing
+# when they are already there and right. Prints the folder.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PKG="llama-cpp-python==0.3.16"
+SDIST_NAME="llama_cpp_python-0.3.16.tar.gz"
+SDIST_SHA256="34ed0f9bd9431af045bb63d9324ae620ad0536653740e9bb163a2e1fcb973be6"
+MEMBERS="llama_cpp_python-0.3.16/vendor/llama.cpp/models/ggml-vocab-*"
+MANIFEST="$ROOT/tests/data/vocab-llama-cpp-python-0.3.16.sha256"
+OUT="$ROOT/models/vocab"
+
+# Every file of the manifest is in `dir` with its sha256.
+check() { [ -d "$1" ] && (cd "$1" && sha256sum --quiet --strict -c "$MANIFEST" >/dev/null 2>&1); }
+
+if check "$OUT"; then
+  echo "$OUT"
+  exit 0
+fi
+
+CACHE="$ROOT/models/cache"
+SDIST="$CACHE/$SDIST_NAME"
+mkdir -p "$CACHE"
+sdist_ok() { [ -f "$SDIST" ] && echo "$SDIST_SHA256  $SDIST" | sha256sum --quiet -c - 2>/dev/null; }
+if ! sdist_ok; then
+  rm -f "$SDIST"
+  echo "fetch-test-data: downloading $PKG (source distribution, ~50 MB) from PyPI" >&2
+  python3 -m pip download --quiet --no-deps --no-binary :all: --disable-pip-version-check \
+    -d "$CACHE" "$PKG" >&2
+  if ! sdist_ok; then
+    echo "error: fetch-test-data: $SDIST is absent or does not have the sha256 $SDIST_SHA256" >&2
+    exit 1
+  fi
+fi
+
+TMP="$(mktemp -d "$ROOT/models/.vocab-XXXXXX")"
+trap 'rm -rf "$TMP" "$TMP.old"' EXIT
+tar -xzf "$SDIST" -C "$TMP" --strip-components=4 --wildcards "$MEMBERS"
+if ! check "$TMP"; then
+  echo "error: fetch-test-data: the files of $SDIST_NAME do not match $MANIFEST:" >&2
+  (cd "$TMP" && sha256sum --strict -c "$MANIFEST" 2>&1 | grep -v ': OK$' | head -n 5) >&2 || true
+  exit 1
+fi
+# Swap the folder in whole: a reader sees the old set or the new one.
+if [ -e "$OUT" ]; then mv "$OUT" "$TMP.old"; fi
+mv "$TMP" "$OUT"
+echo "$OUT"
