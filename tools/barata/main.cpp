@@ -5,12 +5,28 @@
 #include <vector>
 
 #include <fmt/core.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "barata/error.h"
+#include "barata/file_io.h"
 #include "commands.h"
 
+namespace {
+
+// One error line, whatever the message holds: a newline or ESC from a file's
+// bytes cannot start a second "error:" line or move the terminal's cursor.
+void print_error(const char* prefix, const char* what) {
+  std::fflush(stdout);
+  fmt::print(stderr, "error: {}{}\n", prefix, barata::printable(what, 4000));
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  // Logs go to stderr, always: stdout carries only a command's output (JSON,
+  // ids, generated text).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("barata"));
   CLI::App app{"barata: inference for decoder-only transformers from GGUF files"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "barata 0.1.0");
@@ -22,6 +38,21 @@ int main(int argc, char** argv) {
       barata::cli::add_run(app),   barata::cli::add_tokenize(app),
   };
 
+  // A first argument that is no option and no subcommand: name it and list
+  // the real ones (CLI11 alone says only "A subcommand is required").
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const auto& c : commands) {
+      names += (names.empty() ? "" : ", ") + c.sub->get_name();
+      known = known || c.sub->get_name() == argv[1];
+    }
+    if (!known) {
+      fmt::print(stderr, "error: unknown subcommand '{}'; the subcommands are: {} (see --help)\n",
+                 barata::printable(argv[1]), names);
+      return static_cast<int>(CLI::ExitCodes::RequiredError);  // what CLI11 returns here
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -34,12 +65,13 @@ int main(int argc, char** argv) {
     for (const auto& c : commands)
       if (c.sub->parsed()) return c.run();
   } catch (const barata::Error& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "error: {}\n", e.what());
+    print_error("", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    print_error("", "out of memory (a size asked of barata is beyond this machine)");
     return 1;
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "error: internal: {}\n", e.what());
+    print_error("internal: ", e.what());
     return 2;
   }
   return 0;
