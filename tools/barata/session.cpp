@@ -1,0 +1,208 @@
+#include "session.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <type_traits>
+
+#include <fmt/core.h>
+
+#include "barata/error.h"
+#include "default_model.h"
+
+namespace barata::cli {
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+
+// A number in [lo, hi] (an open end when lo_open / hi_open), finite, and the
+// whole argument (no trailing text).
+CLI::Validator real_in(double lo, bool lo_open, double hi, bool hi_open) {
+  return CLI::Validator(
+      [=](std::string& v) -> std::string {
+        const char* b = v.c_str();
+        char* end = nullptr;
+        const double x = std::strtod(b, &end);
+        const std::string range = fmt::format(
+            "{}{}, {}{}", lo_open ? "(" : "[", lo,
+            std::isinf(hi) ? std::string("inf") : fmt::format("{}", hi), hi_open ? ")" : "]");
+        if (end == b || *end != '\0' || !std::isfinite(x))
+          return fmt::format("'{}' is not a finite number (the range is {})", v, range);
+        if (x < lo || (lo_open && x == lo) || x > hi || (hi_open && x == hi))
+          return fmt::format("{} is outside {}", v, range);
+        return "";
+      },
+      "", "REAL");
+}
+
+// A decimal integer in [lo, hi], the whole argument.
+template <typename T>
+CLI::Validator integer_in(T lo, T hi) {
+  return CLI::Validator(
+      [=](std::string& v) -> std::string {
+        T x{};
+        const char* e = v.data() + v.size();
+        const auto [p, ec] = std::from_chars(v.data(), e, x);
+        if (ec == std::errc::result_out_of_range ||
+            (ec == std::errc() && p == e && (x < lo || x > hi)))
+          return fmt::format("{} is outside [{}, {}]", v, lo, hi);
+        if (std::is_unsigned_v<T> && !v.empty() && v[0] == '-')
+          return fmt::format("{} is outside [{}, {}]", v, lo, hi);
+        if (ec != std::errc() || p != e) return fmt::format("'{}' is not an integer", v);
+        return "";
+      },
+      "", "INT");
+}
+
+}  // namespace
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+void add_model_options(CLI::App* sub, ModelOptions& o) {
+  sub->add_option("-m,--model", o.model,
+                  "GGUF file (default: the model scripts/fetch-model.sh fetches)")
+      ->check(CLI::ExistingFile);
+  sub->add_option("-c,--ctx-size", o.n_ctx, "Context size (default: the model's, at most 4096)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  sub->add_option("-t,--threads", o.n_threads, "Threads (default: hardware threads)")
+      ->check(CLI::Range(1, 1024));
+}
+
+void add_sampling_options(CLI::App* sub, SamplerOptions& s) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  sub->add_option("--temp", s.temperature, "Temperature; 0 = greedy")
+      ->check(real_in(0, false, kInf, true));
+  sub->add_option("--top-k", s.top_k, "Top-k (0 = off)")->check(integer_in<int>(0, 1 << 30));
+  sub->add_option("--top-p", s.top_p, "Top-p (1 = off)")->check(real_in(0, true, 1, false));
+  sub->add_option("--min-p", s.min_p, "Min-p (0 = off)")->check(real_in(0, false, 1, false));
+  sub->add_option("--repeat-penalty", s.repeat_penalty, "Repetition penalty (1 = off)")
+      ->check(real_in(0, true, kInf, true));
+  sub->add_option("--repeat-last-n", s.repeat_last_n, "Window of the repetition penalty")
+      ->check(integer_in<int>(0, 1 << 30));
+  sub->add_option("-s,--seed", s.seed, "Random seed")
+      ->check(integer_in<uint64_t>(0, std::numeric_limits<uint64_t>::max()));
+}
+
+Session::Session(const ModelOptions& o)
+    : t_start(Clock::now()),
+      path(o.model.empty() ? default_model_path() : o.model),
+      model(Model::load(path)),
+      tok(Tokenizer::from_gguf(model.file())),
+      n_ctx(o.n_ctx > 0 ? o.n_ctx : std::min<int64_t>(model.config().n_ctx_train, 4096)),
+      engine(model, {.n_threads = o.n_threads, .n_ctx = n_ctx}),
+      load_ms(ms_since(t_start)) {}
+
+ChatFamily choose_chat_family(const std::string& name, const Session& s) {
+  if (!name.empty()) return chat_family_from_name(name);
+  if (auto f = detect_chat_family(s.tok.chat_template())) return *f;
+  fail(
+      "{}: cannot tell the chat template family from tokenizer.chat_template; name one with "
+      "--chat-template ({})",
+      s.path, "chatml, llama3, gemma, llama2");
+}
+
+std::string system_prompt_or_default(const std::string& given, const Session& s) {
+  return given.empty() ? default_system_prompt(s.tok.chat_template()) : given;
+}
+
+SigintCatcher::SigintCatcher() {
+  g_interrupted = false;
+  prev_ = std::signal(SIGINT, [](int) { g_interrupted = true; });
+}
+SigintCatcher::~SigintCatcher() {
+  std::signal(SIGINT, prev_);
+}
+bool SigintCatcher::interrupted() {
+  return g_interrupted;
+}
+void SigintCatcher::clear() {
+  g_interrupted = false;
+}
+
+Generation generate(Session& s, int seq, std::span<const int32_t> prompt, std::vector<int32_t>& all,
+                    Sampler& sampler, const GenerateOptions& o,
+                    const std::function<void(std::string_view)>& on_text) {
+  Generation g;
+  const Tokenizer& tok = s.tok;
+  Engine& engine = s.engine;
+  for (int32_t t : prompt) sampler.accept(t);
+  all.insert(all.end(), prompt.begin(), prompt.end());
+  std::vector<float> logits(static_cast<size_t>(s.model.config().n_vocab));
+  StreamDecoder stream(tok);
+
+  g.prefill_tokens = static_cast<int64_t>(prompt.size());
+  const auto t_prefill = Clock::now();
+  engine.prefill(seq, prompt, logits.data());
+  g.prefill_ms = ms_since(t_prefill);
+  const auto t_decode = Clock::now();
+  for (int i = 0; i < o.n_predict; ++i) {
+    if (o.top_logits > 0 || o.show_probs > 0) {
+      nlohmann::json step;
+      if (o.top_logits > 0) {
+        nlohmann::json tl = nlohmann::json::array();
+        for (auto [id, p] : top_probs(logits, 1.0f, o.top_logits)) {
+          (void)p;
+          tl.push_back({id, logits[static_cast<size_t>(id)]});
+        }
+        step["top_logits"] = tl;
+      }
+      if (o.show_probs > 0) {
+        const float temp = sampler.options().temperature > 0 ? sampler.options().temperature : 1.0f;
+        nlohmann::json tp = nlohmann::json::array();
+        for (auto [id, p] : top_probs(logits, temp, o.show_probs)) tp.push_back({id, p});
+        step["probs"] = tp;
+        if (o.print_probs) {
+          std::string line = "\n[probs";
+          for (const auto& e : tp)
+            line += fmt::format(" {}:{:.4f}",
+                                nlohmann::json(tok.token_to_piece(e[0].get<int32_t>()))
+                                    .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                                e[1].get<float>());
+          fmt::print(stderr, "{}]\n", line);
+        }
+      }
+      g.steps.push_back(step);
+    }
+    const int32_t next = sampler.sample(logits);
+    if (i == 0) g.ttft_ms = g.prefill_ms + ms_since(t_decode);
+    sampler.accept(next);
+    g.generated.push_back(next);
+    all.push_back(next);
+    if (tok.is_eog(next)) {
+      g.stop = "eog";
+      break;
+    }
+    const std::string piece = stream.push(next);
+    g.text += piece;
+    on_text(piece);
+    if (SigintCatcher::interrupted()) {
+      g.stop = "interrupted";
+      break;
+    }
+    if (i + 1 == o.n_predict) break;
+    if (static_cast<int64_t>(all.size()) >= s.n_ctx) {
+      g.stop = "context_full";
+      fmt::print(stderr, "\nnote: stopped at the context limit of {} tokens\n", s.n_ctx);
+      break;
+    }
+    if (o.no_cache) {
+      engine.truncate(seq, 0);  // recompute the whole sequence: what the cache saves
+      engine.prefill(seq, all, logits.data());
+    } else {
+      const int seqs[1] = {seq};
+      const int32_t toks[1] = {next};
+      engine.decode(seqs, toks, logits.data());
+    }
+  }
+  g.decode_ms = ms_since(t_decode);
+  const std::string tail = stream.flush();
+  g.text += tail;
+  on_text(tail);
+  return g;
+}
+
+}  // namespace barata::cli
