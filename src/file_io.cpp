@@ -101,7 +101,7 @@ std::string printable(std::string_view s, size_t max_chars) {
   auto hex = [&](unsigned char c) { out += fmt::format("\\x{:02x}", c); };
   size_t i = 0;
   while (i < s.size()) {
-    if (out.size() >= max_chars) {
+    if (out.size() >= max_chars && max_chars != std::string::npos) {
       out += "...";
       break;
     }
@@ -112,8 +112,6 @@ std::string printable(std::string_view s, size_t max_chars) {
       out += "\\t", ++i;
     } else if (c == '\r') {
       out += "\\r", ++i;
-    } else if (c == '\\') {
-      out += "\\\\", ++i;
     } else if (c < 0x20 || c == 0x7f) {
       hex(c), ++i;
     } else if (c < 0x80) {

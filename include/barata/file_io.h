@@ -35,7 +35,7 @@ std::string read_stream_bounded(std::FILE* f, std::string_view what,
 // Bytes from an untrusted source (a file's strings) made safe for one error
 // or log line: printable ASCII and valid UTF-8 kept; NUL, control characters
 // (newline, ESC, ...), DEL and invalid bytes written as \n, \t, \xNN; the
-// result is cut at max_chars with "..." appended.
+// result is cut at max_chars (npos: never) with "..." appended.
 std::string printable(std::string_view bytes, size_t max_chars = 200);
 
 }  // namespace barata

@@ -10,6 +10,7 @@
 #include <fmt/core.h>
 
 #include "barata/error.h"
+#include "barata/file_io.h"
 #include "barata/gguf.h"
 #include "barata/tokenizer.h"
 #include "commands.h"
@@ -23,40 +24,8 @@ struct TokenizeArgs {
   CLI::Option* text_opt = nullptr;  // given at all (an empty TEXT is a text)
 };
 
-std::string read_all(std::istream& in) {
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// A piece made printable on one line: valid UTF-8 as is, \n \r \t and other
-// control bytes escaped, bytes that are not part of a valid character as \xNN.
-std::string printable(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t len = 0;
-    if (c >= 0x20 && c < 0x7F) {
-      len = 1;
-    } else if (c >= 0xC2 && c <= 0xF4) {
-      len = c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-      for (size_t k = 1; k < len; ++k)
-        if (i + k >= s.size() || (static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) len = 0;
-    }
-    if (len > 0) {
-      out.append(s, i, len);
-      i += len;
-      continue;
-    }
-    if (c == '\n')
-      out += "\\n";
-    else if (c == '\r')
-      out += "\\r";
-    else if (c == '\t')
-      out += "\\t";
-    else
-      out += fmt::format("\\x{:02x}", c);
-    ++i;
-  }
-  return out;
+std::string printable_piece(const std::string& s) {
+  return printable(s, std::string::npos);
 }
 
 int tokenize(const TokenizeArgs& a) {
@@ -64,13 +33,11 @@ int tokenize(const TokenizeArgs& a) {
   const Tokenizer tok = Tokenizer::from_gguf(f);
   std::string text;
   if (!a.file.empty()) {
-    std::ifstream in(a.file, std::ios::binary);
-    if (!in) fail("{}: cannot read the text file", a.file);
-    text = read_all(in);
+    text = read_regular_file(a.file, "text file");
   } else if (a.text_opt->count() > 0) {
     text = a.text;
   } else {
-    text = read_all(std::cin);
+    text = read_stream_bounded(stdin, "standard input");
   }
   const bool add_bos = tok.add_bos_default() && !a.no_bos;
   const auto t0 = std::chrono::steady_clock::now();
@@ -84,7 +51,8 @@ int tokenize(const TokenizeArgs& a) {
     std::fflush(stdout);
     fmt::print(stderr, "{} tokens ({} bytes encoded in {:.3f} ms)\n", ids.size(), text.size(), ms);
   } else {
-    for (int32_t id : ids) fmt::print("{:>6} -> '{}'\n", id, printable(tok.token_to_piece(id)));
+    for (int32_t id : ids)
+      fmt::print("{:>6} -> '{}'\n", id, printable_piece(tok.token_to_piece(id)));
     fmt::print("{} tokens\n", ids.size());
   }
   return 0;
