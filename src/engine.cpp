@@ -28,13 +28,20 @@ Engine::Engine(const Model& model, EngineOptions opts)
       pool_(std::make_unique<ThreadPool>(opts.n_threads > 0 ? opts.n_threads
                                                             : ThreadPool::default_threads())),
       cache_(model.config().n_layer, model.config().n_head_kv, model.config().head_dim,
-             opts.cache_tokens > 0 ? opts.cache_tokens : n_ctx_) {
+             opts.cache_tokens > 0 ? opts.cache_tokens : n_ctx_) {}
+
+// RoPE angles: theta_i = pos * base^(-2i / rope_dims), in double then rounded.
+// Grown as positions are reached (doubling, at most n_ctx): a large -c costs
+// nothing up front, and each position's values are the same whenever made.
+void Engine::ensure_rope(int64_t n_pos) {
   const ModelConfig& c = model_.config();
-  // RoPE angles: theta_i = pos * base^(-2i / rope_dims), in double then rounded.
   const int64_t half = c.rope_dims / 2;
-  rope_cos_.resize(static_cast<size_t>(n_ctx_ * half));
+  const int64_t have = static_cast<int64_t>(rope_cos_.size()) / half;
+  if (n_pos <= have) return;
+  const int64_t want = std::min(n_ctx_, std::max({n_pos, 2 * have, int64_t{256}}));
+  rope_cos_.resize(static_cast<size_t>(want * half));
   rope_sin_.resize(rope_cos_.size());
-  for (int64_t p = 0; p < n_ctx_; ++p) {
+  for (int64_t p = have; p < want; ++p) {
     for (int64_t i = 0; i < half; ++i) {
       const double theta =
           static_cast<double>(p) *
@@ -108,6 +115,9 @@ void Engine::forward(const std::vector<Row>& rows, const std::vector<int>& logit
   const int64_t T = static_cast<int64_t>(rows.size());
   const int64_t d = c.d_model, q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
   ensure_scratch(T);
+  int64_t max_pos = 0;
+  for (const Row& r : rows) max_pos = std::max(max_pos, r.pos);
+  ensure_rope(max_pos + 1);
   ThreadPool& pool = *pool_;
   counts_ = {};
 

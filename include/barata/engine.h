@@ -58,12 +58,13 @@ class Engine {
   void forward(const std::vector<Row>& rows, const std::vector<int>& logit_rows, float* logits);
   void attention(int64_t layer, const std::vector<Row>& rows);
   void ensure_scratch(int64_t n_rows);
+  void ensure_rope(int64_t n_pos);  // tables cover positions [0, n_pos)
 
   const Model& model_;
   int64_t n_ctx_;
   std::unique_ptr<ThreadPool> pool_;
   PagedKvCache cache_;
-  std::vector<float> rope_cos_, rope_sin_;  // (n_ctx, rope_dims / 2)
+  std::vector<float> rope_cos_, rope_sin_;  // (positions made so far, rope_dims / 2)
   Counts counts_;
 
   // Scratch, grown to the widest batch seen: (rows, width) each.
