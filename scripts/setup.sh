@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   cmake g++ make ninja-build pkg-config
   libcli11-dev libfmt-dev libspdlog-dev libgtest-dev libgmock-dev
-  nlohmann-json3-dev libpcre2-dev
+  nlohmann-json3-dev libpcre2-dev libedit-dev
   clang clang-format libclang-rt-dev
   python3
 )

@@ -13,6 +13,7 @@ struct Command {
 };
 
 Command add_bench(CLI::App& app);
+Command add_chat(CLI::App& app);
 Command add_inspect(CLI::App& app);
 Command add_quantize(CLI::App& app);
 Command add_run(CLI::App& app);
