@@ -1,7 +1,8 @@
-// `barata bench` end to end on the shared tiny model with tiny settings: the
-// JSON schema (docs/bench-schema.md), KV formula equality, identical ids with
-// and without the cache, sane statistics, capping, bad lists, the other
-// formats and the SVG charts. Nothing here asserts a time.
+// `barata bench` end to end on the committed tiny model
+// (tests/data/models/stories260K.gguf) with tiny settings: the JSON schema
+// (docs/bench-schema.md), KV formula equality, identical ids with and without
+// the cache, sane statistics, capping, bad lists, the other formats and the
+// SVG charts. Nothing here asserts a time.
 #include <string>
 
 #include <gtest/gtest.h>
@@ -22,11 +23,11 @@ Result bench(const std::string& args) {
 }
 
 fs::path stories() {
-  return test::shared_dir() / "models" / "stories260K.gguf";
+  return test::tiny_model("stories260K.gguf");
 }
 
-#define REQUIRE_SHARED() \
-  if (!fs::exists(stories())) GTEST_SKIP() << "../shared/models is absent on this machine";
+// The model is committed: its absence is a broken checkout, not a skip.
+#define REQUIRE_MODEL() ASSERT_TRUE(fs::exists(stories())) << stories();
 
 // Small enough for the sanitizer build: every test, two repetitions.
 const std::string kTiny =
@@ -53,7 +54,7 @@ void expect_int(const json& j, const char* key) {
 }
 
 TEST(BenchCli, JsonSchemaOnTheTinyModel) {
-  REQUIRE_SHARED();
+  REQUIRE_MODEL();
   const Result r = bench("-m " + stories().string() + kTiny + " --json");
   ASSERT_EQ(r.status, 0) << r.err;
   const json j = json::parse(r.out);
@@ -155,7 +156,7 @@ TEST(BenchCli, JsonSchemaOnTheTinyModel) {
 }
 
 TEST(BenchCli, ListsBeyondTheContextAreCappedWithANotice) {
-  REQUIRE_SHARED();
+  REQUIRE_MODEL();
   const Result r = bench("-m " + stories().string() +
                          " --json -t 1 -r 1 --tests prefill,decode -p 16,1000,2000 -c 500 "
                          "--decode-steps 2");
@@ -174,7 +175,7 @@ TEST(BenchCli, ListsBeyondTheContextAreCappedWithANotice) {
 }
 
 TEST(BenchCli, GarbageInAListIsAUsageError) {
-  REQUIRE_SHARED();
+  REQUIRE_MODEL();
   for (const char* bad : {"-p 16,abc", "-t 1,x", "-b 0", "--tests prefill,nope", "-r 0"}) {
     const Result r = bench("-m " + stories().string() + " " + bad);
     EXPECT_NE(r.status, 0) << bad;
@@ -185,7 +186,7 @@ TEST(BenchCli, GarbageInAListIsAUsageError) {
 }
 
 TEST(BenchCli, MarkdownCsvAndPlots) {
-  REQUIRE_SHARED();
+  REQUIRE_MODEL();
   test::TempDir dir;
   const std::string base = "-m " + stories().string() +
                            " -t 1 -r 1 --tests prefill,decode,kv,batch -p 8 -c 8 -b 1,2 "

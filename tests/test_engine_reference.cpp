@@ -1,5 +1,6 @@
-// Greedy generation against llama.cpp's reference outputs in
-// ../shared/reference (see ../shared/MODELS.md for how close is close).
+// Greedy generation on the committed tiny models (tests/data/models) against
+// llama.cpp b4748's outputs in tests/data/reference (tests/data/README.md says
+// how they were made and how close is close).
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -57,10 +58,10 @@ std::vector<int32_t> greedy(Engine& e, const std::vector<int32_t>& prompt, int n
 class EngineReference : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EngineReference, GreedyIdsAndTopLogitsMatchLlamaCpp) {
-  const auto ref = test::shared_dir() / "reference" / ("public_" + GetParam() + ".jsonl");
-  const auto model_path = test::shared_dir() / "models" / (GetParam() + ".gguf");
-  if (!std::filesystem::exists(ref) || !std::filesystem::exists(model_path))
-    GTEST_SKIP() << "../shared reference or model absent: " << ref;
+  const auto ref = test::data_dir() / "reference" / ("public_" + GetParam() + ".jsonl");
+  const auto model_path = test::tiny_model(GetParam() + ".gguf");
+  ASSERT_TRUE(std::filesystem::exists(ref)) << ref;  // committed: no skip
+  ASSERT_TRUE(std::filesystem::exists(model_path)) << model_path;
   const Model model = Model::load(model_path);
   Engine engine(model, {.n_threads = 2, .n_ctx = 128});
   for (const json& r : read_jsonl(ref)) {
@@ -91,10 +92,10 @@ TEST_P(EngineReference, GreedyIdsAndTopLogitsMatchLlamaCpp) {
 }
 
 TEST_P(EngineReference, NoCacheModeGivesIdenticalIds) {
-  const auto ref = test::shared_dir() / "reference" / ("public_" + GetParam() + ".jsonl");
-  const auto model_path = test::shared_dir() / "models" / (GetParam() + ".gguf");
-  if (!std::filesystem::exists(ref) || !std::filesystem::exists(model_path))
-    GTEST_SKIP() << "../shared reference or model absent: " << ref;
+  const auto ref = test::data_dir() / "reference" / ("public_" + GetParam() + ".jsonl");
+  const auto model_path = test::tiny_model(GetParam() + ".gguf");
+  ASSERT_TRUE(std::filesystem::exists(ref)) << ref;  // committed: no skip
+  ASSERT_TRUE(std::filesystem::exists(model_path)) << model_path;
   const Model model = Model::load(model_path);
   Engine engine(model, {.n_threads = 2, .n_ctx = 128});
   for (const json& r : read_jsonl(ref)) {

@@ -1,6 +1,7 @@
 // `barata inspect --json` on real files: the shapes it reports are the ones
-// the files hold (checked against facts stated in ../shared/MODELS.md and the
-// model cards).
+// the files hold (checked against facts stated in tests/data/README.md and the
+// model cards). The tiny models are committed; the vocabularies come from
+// scripts/fetch-test-data.sh and SmolLM2 from scripts/fetch-model.sh.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -21,8 +22,7 @@ json inspect(const fs::path& file) {
 }
 
 TEST(InspectCli, SharedTinyModels) {
-  const auto dir = test::shared_dir() / "models";
-  if (!fs::exists(dir)) GTEST_SKIP() << "../shared/models is absent on this machine";
+  const auto dir = test::data_dir() / "models";
   struct Want {
     const char* file;
     int layers, d_model, heads, kv_heads, d_ff;
@@ -59,8 +59,8 @@ TEST(InspectCli, SharedTinyModels) {
 }
 
 TEST(InspectCli, SharedVocabFiles) {
-  const auto dir = test::shared_dir() / "vocab";
-  if (!fs::exists(dir)) GTEST_SKIP() << "../shared/vocab is absent on this machine";
+  const auto dir = test::vocab_dir();
+  BARATA_NEED_FETCHED(dir, "scripts/fetch-test-data.sh");
   int n = 0;
   for (const auto& e : fs::directory_iterator(dir)) {
     if (e.path().extension() != ".gguf") continue;
@@ -76,12 +76,12 @@ TEST(InspectCli, SharedVocabFiles) {
     EXPECT_TRUE(has_tokens);
     ++n;
   }
-  EXPECT_EQ(n, 9);
+  EXPECT_EQ(n, 17);  // the vocabularies of llama-cpp-python 0.3.16's llama.cpp
 }
 
 TEST(InspectCli, SmolLM2) {
-  const auto file = test::source_dir() / "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (!fs::exists(file)) GTEST_SKIP() << "default model not fetched (scripts/fetch-model.sh)";
+  const auto file = test::model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
+  BARATA_NEED_FETCHED(file, "scripts/fetch-model.sh");
   const json j = inspect(file);
   const json& m = j["model"];
   // SmolLM2-135M: 30 layers, 576 wide, 9 heads / 3 kv heads, d_ff 1536, vocab 49152.

@@ -1,6 +1,10 @@
-// `barata run` end to end on the shared tiny models: reference ids from text,
-// cache vs no cache through the CLI, --json fields, and the bad-input errors.
+// `barata run` end to end on the committed tiny models (tests/data/models,
+// llama.cpp's ids in tests/data/reference) and on SmolLM2
+// (scripts/fetch-model.sh): reference ids from text, cache vs no cache through
+// the CLI, --json fields, and the bad-input errors.
 #include <fstream>
+
+#include <sys/stat.h>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -17,16 +21,16 @@ using Result = test::CliResult;
 const auto run = test::run_cli;
 
 fs::path tiny(const char* name) {
-  return test::shared_dir() / "models" / name;
+  return test::tiny_model(name);
 }
 
-#define REQUIRE_SHARED()                     \
-  if (!fs::exists(tiny("stories260K.gguf"))) \
-    GTEST_SKIP() << "../shared/models is absent on this machine";
+// The tiny models are committed: their absence is a broken checkout, not a skip.
+#define REQUIRE_MODELS() \
+  ASSERT_TRUE(fs::exists(tiny("stories260K.gguf"))) << tiny("stories260K.gguf");
 
 TEST(RunCli, GreedyFromTextMatchesTheReference) {
-  REQUIRE_SHARED();
-  std::ifstream f(test::shared_dir() / "reference/public_aidreams260K.jsonl");
+  REQUIRE_MODELS();
+  std::ifstream f(test::data_dir() / "reference/public_aidreams260K.jsonl");
   std::string line;
   std::getline(f, line);
   const json ref = json::parse(line);
@@ -42,7 +46,7 @@ TEST(RunCli, GreedyFromTextMatchesTheReference) {
 }
 
 TEST(RunCli, NoKvCacheGivesIdenticalIds) {
-  REQUIRE_SHARED();
+  REQUIRE_MODELS();
   const std::string base = "run -m " + tiny("stories260K.gguf").string() +
                            " -p \"Lily and Tom went to the park\" -n 40 -c 128 --temp 0 --json";
   const Result a = run(base), b = run(base + " --no-kv-cache");
@@ -55,7 +59,7 @@ TEST(RunCli, NoKvCacheGivesIdenticalIds) {
 }
 
 TEST(RunCli, TopLogitsAndProbsPerStep) {
-  REQUIRE_SHARED();
+  REQUIRE_MODELS();
   const Result r = run("run -m " + tiny("stories260K.gguf").string() +
                        " -p Once -n 5 --temp 0 --json --top-logits 3 --show-probs 4");
   ASSERT_EQ(r.status, 0) << r.err;
@@ -70,7 +74,7 @@ TEST(RunCli, TopLogitsAndProbsPerStep) {
 }
 
 TEST(RunCli, SeededSamplingIsReproducible) {
-  REQUIRE_SHARED();
+  REQUIRE_MODELS();
   const std::string cmd = "run -m " + tiny("aidreams260K.gguf").string() +
                           " -p \"I sense\" -n 30 --temp 1.0 --seed 7 --json";
   const Result a = run(cmd), b = run(cmd);
@@ -79,7 +83,7 @@ TEST(RunCli, SeededSamplingIsReproducible) {
 }
 
 TEST(RunCli, PromptLongerThanTheContextIsAnError) {
-  REQUIRE_SHARED();
+  REQUIRE_MODELS();
   std::string words;
   for (int i = 0; i < 40; ++i) words += "the dog ran ";
   const Result r =
@@ -94,7 +98,7 @@ TEST(RunCli, PromptLongerThanTheContextIsAnError) {
 }
 
 TEST(RunCli, GenerationStopsAtTheContextLimit) {
-  REQUIRE_SHARED();
+  REQUIRE_MODELS();
   const Result r =
       run("run -m " + tiny("stories260K.gguf").string() + " -c 24 -n 100 --temp 0 --json -p Once");
   ASSERT_EQ(r.status, 0) << r.err;
@@ -105,7 +109,7 @@ TEST(RunCli, GenerationStopsAtTheContextLimit) {
 }
 
 TEST(RunCli, BadInput) {
-  REQUIRE_SHARED();
+  REQUIRE_MODELS();
   const std::string m = " -m " + tiny("stories260K.gguf").string();
   Result r = run("run" + m + " -p hi --chat-template vicuna");
   EXPECT_EQ(r.status, 1);
@@ -128,8 +132,8 @@ TEST(RunCli, BadInput) {
 }
 
 TEST(RunCli, SmolLM2ChatAnswersInEnglish) {
-  const auto model = test::source_dir() / "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (!fs::exists(model)) GTEST_SKIP() << "default model not fetched (scripts/fetch-model.sh)";
+  const auto model = test::model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
+  BARATA_NEED_FETCHED(model, "scripts/fetch-model.sh");
   const Result r = run("run -m " + model.string() +
                        " --chat -p \"Write one sentence about cats.\" -n 40 --temp 0 --json");
   ASSERT_EQ(r.status, 0) << r.err;
@@ -138,6 +142,94 @@ TEST(RunCli, SmolLM2ChatAnswersInEnglish) {
   // Greedy output of this model (and of llama.cpp on the same file) is an English sentence.
   EXPECT_NE(text.find("cat"), std::string::npos) << text;
   EXPECT_GT(j["generated_ids"].size(), 5u);
+}
+
+// ---- flag and prompt-file validation (no model needed: refused first) -------
+
+// The command under `timeout 20`, so that a regression (a read that blocks on
+// a FIFO or never ends on /dev/zero) fails instead of hanging the suite.
+Result run_bounded(const std::string& args) {
+  test::TempDir dir;
+  const std::string cmd = "timeout 20 " + std::string(BARATA_CLI_PATH) + " " + args + " >" +
+                          (dir / "out").string() + " 2>" + (dir / "err").string() + " </dev/null";
+  const int status = std::system(cmd.c_str());
+  const auto out = test::read_bytes(dir / "out"), err = test::read_bytes(dir / "err");
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, std::string(out.begin(), out.end()),
+          std::string(err.begin(), err.end())};
+}
+
+std::string first_line(const std::string& s) {
+  return s.substr(0, s.find('\n'));
+}
+
+TEST(RunCliValidation, SamplingValuesOutsideTheirDomainAreUsageErrors) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"--temp nan", "--temp"},
+      {"--temp -0.5", "--temp"},
+      {"--temp inf", "--temp"},
+      {"--top-p nan", "--top-p"},
+      {"--top-p 0", "--top-p"},
+      {"--top-p 1.5", "--top-p"},
+      {"--min-p nan", "--min-p"},
+      {"--min-p -0.1", "--min-p"},
+      {"--repeat-penalty 0", "--repeat-penalty"},
+      {"--repeat-penalty -1", "--repeat-penalty"},
+      {"--repeat-penalty nan", "--repeat-penalty"},
+      {"--top-k -5", "--top-k"},
+      {"--repeat-last-n -1", "--repeat-last-n"},
+      {"-s 18446744073709551616", "--seed"},
+      {"-s -1", "--seed"},
+      {"--seed 12abc", "--seed"},
+  };
+  for (const auto& [flag, name] : cases) {
+    const Result r = run_bounded(std::string("run -p hi -n 1 ") + flag);
+    EXPECT_NE(r.status, 0) << flag;
+    EXPECT_NE(r.status, 124) << flag << ": timed out";
+    EXPECT_NE(r.status, 1) << flag << ": refused at run time, not as a usage error";
+    // One line naming the flag and the value (CLI11 adds its --help hint after it).
+    const std::string line = first_line(r.err);
+    EXPECT_EQ(line.rfind(std::string(name) + ": ", 0), 0u) << flag << ": " << r.err;
+    const std::string value = std::string(flag).substr(std::string(flag).find(' ') + 1);
+    EXPECT_NE(line.find(value), std::string::npos) << flag << ": " << r.err;
+    EXPECT_EQ(r.err.find("error: internal"), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << flag;
+  }
+}
+
+TEST(RunCliValidation, EdgesOfTheRangesAreAccepted) {
+  // Accepted: the parse goes on to --show-probs -1 (checked after the sampling
+  // flags), whose error is then the first line.
+  for (const char* flag : {"--temp 0", "--top-p 1", "--min-p 0", "--min-p 1", "--top-k 0",
+                           "--repeat-penalty 1e-3", "-s 18446744073709551615", "-s 0"}) {
+    const Result r = run_bounded(std::string("run -p hi -n 1 --show-probs -1 ") + flag);
+    EXPECT_NE(r.status, 0);
+    EXPECT_EQ(first_line(r.err).rfind("--show-probs: ", 0), 0u) << flag << ": " << r.err;
+  }
+}
+
+TEST(RunCliValidation, PromptTogetherWithFileIsAUsageError) {
+  test::TempDir dir;
+  std::ofstream(dir / "p.txt") << "hello";
+  const Result r = run_bounded("run -p hi -f " + (dir / "p.txt").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.status, 1);
+  EXPECT_NE(first_line(r.err).find("--prompt excludes --file"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty());
+}
+
+TEST(RunCliValidation, PromptFileMustBeARegularFile) {
+  test::TempDir dir;
+  const fs::path fifo = dir / "prompt.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  Result r = run_bounded("run -n 1 -f " + fifo.string());  // nobody writes: a read would block
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(r.err, "error: " + fifo.string() + ": the prompt file is a FIFO, not a regular file\n");
+  r = run_bounded("run -n 1 -f /dev/zero");  // a read would never end
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(r.err, "error: /dev/zero: the prompt file is a character device, not a regular file\n");
+  r = run_bounded("run -n 1 -f " + dir.path().string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.status, 124);
 }
 
 }  // namespace

@@ -15,7 +15,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A file opened once per test binary; tests skip when it is absent.
+// A file opened once per test binary; tests skip when it is absent (fail
+// under BARATA_REQUIRE_DATA=1), naming the script that fetches it.
 struct Loaded {
   std::optional<GgufFile> file;
   std::optional<Tokenizer> tok;
@@ -32,15 +33,16 @@ const Loaded& load(const fs::path& p) {
 }
 
 fs::path vocab(const std::string& name) {
-  return test::shared_dir() / "vocab" / ("ggml-vocab-" + name + ".gguf");
+  return test::vocab_path(name);
 }
 fs::path smollm2() {
-  return test::source_dir() / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf";
+  return test::model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
 }
 
-#define REQUIRE_TOKENIZER(var, path)                                  \
-  const Loaded& var##_loaded = load(path);                            \
-  if (!var##_loaded.tok) GTEST_SKIP() << (path) << " is absent here"; \
+#define REQUIRE_TOKENIZER(var, path)                       \
+  BARATA_NEED_FETCHED(path, test::fetch_script_for(path)); \
+  const Loaded& var##_loaded = load(path);                 \
+  ASSERT_TRUE(var##_loaded.tok) << (path);                 \
   const Tokenizer& var = *var##_loaded.tok
 
 bool valid_utf8(const std::string& s) {
@@ -274,7 +276,7 @@ TEST(Tokenizer, EndOfGenerationAndMetadata) {
   EXPECT_FALSE(tok.find_token("no such token text").has_value());
   EXPECT_NE(tok.chat_template().find("<|im_start|>"), std::string::npos);
 
-  REQUIRE_TOKENIZER(spm, test::shared_dir() / "models" / "aidreams260K.gguf");
+  REQUIRE_TOKENIZER(spm, test::tiny_model("aidreams260K.gguf"));
   EXPECT_EQ(spm.model(), "llama");
   EXPECT_EQ(spm.bos_id(), 1);
   EXPECT_EQ(spm.eos_id(), 2);

@@ -1,4 +1,5 @@
-// `barata tokenize` end to end: output formats, text sources, errors.
+// `barata tokenize` end to end: output formats, text sources, errors. The
+// vocabularies come from scripts/fetch-test-data.sh (models/vocab).
 #include <gtest/gtest.h>
 
 #include "test_util.h"
@@ -19,11 +20,11 @@ Result run(const std::string& args, bool with_stderr = false) {
 }
 
 fs::path gpt2() {
-  return test::shared_dir() / "vocab" / "ggml-vocab-gpt-2.gguf";
+  return test::vocab_path("gpt-2");
 }
 
 TEST(TokenizerCli, IdsAndPairs) {
-  if (!fs::exists(gpt2())) GTEST_SKIP() << gpt2() << " is absent here";
+  BARATA_NEED_FETCHED(gpt2(), "scripts/fetch-test-data.sh");
   const std::string m = "-m " + gpt2().string();
   // "Hello world" -> 15496 995 in ggml-vocab-gpt-2.gguf.out.
   EXPECT_EQ(run("tokenize " + m + " --ids 'Hello world'").out, "15496 995\n");
@@ -35,7 +36,7 @@ TEST(TokenizerCli, IdsAndPairs) {
 }
 
 TEST(TokenizerCli, FileStdinAndEscapedPieces) {
-  if (!fs::exists(gpt2())) GTEST_SKIP() << gpt2() << " is absent here";
+  BARATA_NEED_FETCHED(gpt2(), "scripts/fetch-test-data.sh");
   const std::string m = "-m " + gpt2().string();
   test::TempDir dir;
   const std::string text = "line\n\tnext";
@@ -52,8 +53,8 @@ TEST(TokenizerCli, FileStdinAndEscapedPieces) {
 }
 
 TEST(TokenizerCli, BosAndSpecialFlags) {
-  const fs::path spm = test::shared_dir() / "vocab" / "ggml-vocab-llama-spm.gguf";
-  if (!fs::exists(spm)) GTEST_SKIP() << spm << " is absent here";
+  const fs::path spm = test::vocab_path("llama-spm");
+  BARATA_NEED_FETCHED(spm, "scripts/fetch-test-data.sh");
   const std::string m = "-m " + spm.string();
   // "Hello world" -> 15043 3186 in ggml-vocab-llama-spm.gguf.out; BOS is 1.
   EXPECT_EQ(run("tokenize " + m + " --ids 'Hello world'").out, "1 15043 3186\n");

@@ -1,11 +1,16 @@
-// Every vocabulary test set of ../shared/vocab (llama.cpp b4748's
-// models/ggml-vocab-*.gguf with their .inp/.out files): each string encoded
-// without BOS and with special tokens not parsed must give exactly the ids of
-// its .out line. The qwen2 and llama-bpe sets come without their vocabulary;
-// they run against a GGUF of that family when one is found: a real
-// Qwen2.5 model (scripts/fetch-qwen2.sh), and a vocabulary-only GGUF made from
-// the real Llama 3.2 tokenizer (scripts/fetch-llama3-vocab.sh), the same kind
-// of file as the missing ggml-vocab-llama-bpe.gguf.
+// llama.cpp's vocabulary test sets: each ggml-vocab-<set>.gguf (a tokenizer
+// without weights) with strings (.inp) and the ids llama.cpp gives them (.out),
+// encoded without BOS and with special tokens not parsed; every string must
+// give exactly its ids. Two generations of expectations run against the same
+// vocabularies, and barata passes both:
+//  - models/vocab (scripts/fetch-test-data.sh): the .gguf/.inp/.out files of
+//    the llama.cpp that llama-cpp-python==0.3.16 vendors (commit 4227c9b,
+//    2025-08-14);
+//  - tests/data/vocab-b4748: the .inp/.out files of llama.cpp release b4748,
+//    whose third string is "Führer" where the later one has "Äpfel" (the
+//    vocabularies are byte for byte the same in both releases).
+// The qwen2 set also runs against a real Qwen2.5 model's tokenizer
+// (scripts/fetch-qwen2.sh).
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -63,11 +68,24 @@ std::string show(const std::vector<int32_t>& ids) {
   return s;
 }
 
-// Runs one set; returns the number of strings checked.
-size_t check_set(const Tokenizer& tok, const std::string& set) {
-  const fs::path dir = test::shared_dir() / "vocab";
-  const auto cases = read_cases(dir / ("ggml-vocab-" + set + ".gguf.inp"),
-                                dir / ("ggml-vocab-" + set + ".gguf.out"));
+// The two folders of expectations, fetched and committed.
+struct Expectations {
+  const char* what;
+  fs::path dir;
+};
+std::vector<Expectations> expectations() {
+  return {{"llama.cpp 4227c9b (llama-cpp-python 0.3.16)", test::vocab_dir()},
+          {"llama.cpp b4748", test::data_dir() / "vocab-b4748"}};
+}
+
+// Runs one set of expectations; returns the number of strings checked.
+size_t check_set(const Tokenizer& tok, const std::string& set, const Expectations& e) {
+  SCOPED_TRACE(e.what);
+  const fs::path inp = e.dir / ("ggml-vocab-" + set + ".gguf.inp");
+  const fs::path out = e.dir / ("ggml-vocab-" + set + ".gguf.out");
+  EXPECT_TRUE(fs::exists(inp)) << inp;
+  EXPECT_TRUE(fs::exists(out)) << out;
+  const auto cases = read_cases(inp, out);
   for (const auto& c : cases) {
     const auto got = tok.encode(c.text, /*add_bos=*/false, /*parse_special=*/false);
     EXPECT_EQ(got, c.ids) << set << ": text [" << c.text << "]\n  got  " << show(got) << "\n  want "
@@ -79,17 +97,17 @@ size_t check_set(const Tokenizer& tok, const std::string& set) {
 class TokenizerVocab : public testing::TestWithParam<std::string> {};
 
 TEST_P(TokenizerVocab, MatchesReferenceIds) {
-  const fs::path file = test::shared_dir() / "vocab" / ("ggml-vocab-" + GetParam() + ".gguf");
-  if (!fs::exists(file)) GTEST_SKIP() << file << " is absent on this machine";
+  const fs::path file = test::vocab_path(GetParam());
+  BARATA_NEED_FETCHED(file, "scripts/fetch-test-data.sh");
   const GgufFile f = GgufFile::open(file);
   const Tokenizer tok = Tokenizer::from_gguf(f);
-  EXPECT_GE(check_set(tok, GetParam()), 40u);
+  for (const auto& e : expectations()) EXPECT_GE(check_set(tok, GetParam(), e), 40u);
 }
 
-INSTANTIATE_TEST_SUITE_P(SharedSets, TokenizerVocab,
+INSTANTIATE_TEST_SUITE_P(LlamaCppSets, TokenizerVocab,
                          testing::Values("llama-spm", "phi-3", "gpt-2", "starcoder",
                                          "deepseek-coder", "deepseek-llm", "falcon", "mpt",
-                                         "refact"),
+                                         "refact", "qwen2", "llama-bpe"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)
@@ -97,45 +115,13 @@ INSTANTIATE_TEST_SUITE_P(SharedSets, TokenizerVocab,
                            return n;
                          });
 
-// A real model whose tokenizer.ggml.pre is one of `pres`, looked for in the
-// project's models/ and ../shared/models.
-std::optional<fs::path> find_model(std::initializer_list<std::string_view> pres) {
-  for (const fs::path& dir : {test::source_dir() / "models", test::shared_dir() / "models"}) {
-    std::error_code ec;
-    if (!fs::is_directory(dir, ec)) continue;
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      if (e.path().extension() != ".gguf") continue;
-      try {
-        const GgufFile f = GgufFile::open(e.path());
-        const std::string pre = f.get_or<std::string>("tokenizer.ggml.pre", "");
-        for (auto p : pres)
-          if (pre == p) return e.path();
-      } catch (const std::exception&) {
-        continue;  // not ours to judge here
-      }
-    }
-  }
-  return std::nullopt;
-}
-
 TEST(TokenizerVocab, Qwen2SetWithRealModel) {
-  const auto model = find_model({"qwen2"});
-  if (!model)
-    GTEST_SKIP() << "the qwen2 set needs a Qwen2-family GGUF (tokenizer.ggml.pre = qwen2) in "
-                    "models/ or ../shared/models; none is there (scripts/fetch-qwen2.sh fetches "
-                    "Qwen2.5-Coder-0.5B-Instruct)";
-  const GgufFile f = GgufFile::open(*model);
-  EXPECT_GE(check_set(Tokenizer::from_gguf(f), "qwen2"), 40u) << *model;
-}
-
-TEST(TokenizerVocab, LlamaBpeSetWithRealModel) {
-  const auto model = find_model({"llama-bpe", "llama3", "llama-v3"});
-  if (!model)
-    GTEST_SKIP() << "the llama-bpe set needs a Llama-3-family GGUF (tokenizer.ggml.pre = "
-                    "llama-bpe) in models/ or ../shared/models; none is there "
-                    "(scripts/fetch-llama3-vocab.sh makes one from the Llama 3.2 tokenizer)";
-  const GgufFile f = GgufFile::open(*model);
-  EXPECT_GE(check_set(Tokenizer::from_gguf(f), "llama-bpe"), 40u) << *model;
+  const fs::path model = test::model_path("Qwen2.5-Coder-0.5B-Instruct.gguf");
+  BARATA_NEED_FETCHED(model, "scripts/fetch-qwen2.sh");
+  const GgufFile f = GgufFile::open(model);
+  const Tokenizer tok = Tokenizer::from_gguf(f);
+  EXPECT_EQ(tok.pre(), "qwen2");
+  for (const auto& e : expectations()) EXPECT_GE(check_set(tok, "qwen2", e), 40u) << model;
 }
 
 }  // namespace

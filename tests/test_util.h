@@ -17,9 +17,57 @@ namespace barata::test {
 inline std::filesystem::path source_dir() {
   return BARATA_SOURCE_DIR;
 }
-inline std::filesystem::path shared_dir() {
-  return source_dir() / ".." / "shared";
+// Committed test data: the tiny models, reference outputs, vectors.
+inline std::filesystem::path data_dir() {
+  return source_dir() / "tests" / "data";
 }
+// A committed tiny model of tests/data/models (stories260K, aidreams260K).
+inline std::filesystem::path tiny_model(const std::string& file) {
+  return data_dir() / "models" / file;
+}
+// A model fetched by a script into the git-ignored models/ folder
+// (scripts/fetch-model.sh: SmolLM2, scripts/fetch-qwen2.sh: Qwen2.5-Coder).
+inline std::filesystem::path model_path(const std::string& name) {
+  return source_dir() / "models" / name;
+}
+// llama.cpp's vocabulary test sets, fetched by scripts/fetch-test-data.sh.
+inline std::filesystem::path vocab_dir() {
+  return source_dir() / "models" / "vocab";
+}
+// A vocabulary of vocab_dir(): "gpt-2" -> models/vocab/ggml-vocab-gpt-2.gguf.
+inline std::filesystem::path vocab_path(const std::string& set) {
+  return vocab_dir() / ("ggml-vocab-" + set + ".gguf");
+}
+
+// The script that puts `p` in place, for messages about an absent file.
+inline std::string fetch_script_for(const std::filesystem::path& p) {
+  const std::string s = p.string();
+  if (s.find("SmolLM2") != std::string::npos) return "scripts/fetch-model.sh";
+  if (s.find("Qwen2.5-Coder") != std::string::npos) return "scripts/fetch-qwen2.sh";
+  if (p.filename().string().rfind("ggml-vocab-", 0) == 0) return "scripts/fetch-test-data.sh";
+  return "git checkout (the file is committed)";
+}
+
+// True when BARATA_REQUIRE_DATA=1: absent fetched data fails a test instead
+// of skipping it (scripts/test.sh sets it after fetching everything).
+inline bool require_data() {
+  const char* v = std::getenv("BARATA_REQUIRE_DATA");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// In a test body: skips the test when the fetched file `file_` is absent (or
+// fails it under BARATA_REQUIRE_DATA=1), naming `script_`, which fetches it.
+#define BARATA_NEED_FETCHED(file_, script_)                                     \
+  do {                                                                          \
+    const std::filesystem::path need_path_ = (file_);                           \
+    if (!std::filesystem::exists(need_path_)) {                                 \
+      if (::barata::test::require_data())                                       \
+        FAIL() << need_path_.string() << " is absent: run " << (script_)        \
+               << " (BARATA_REQUIRE_DATA=1 makes absent data a failure)";       \
+      else                                                                      \
+        GTEST_SKIP() << need_path_.string() << " is absent: run " << (script_); \
+    }                                                                           \
+  } while (0)
 
 inline std::vector<uint8_t> read_bytes(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
