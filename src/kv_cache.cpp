@@ -23,13 +23,24 @@ int PagedKvCache::new_sequence() {
   return static_cast<int>(seqs_.size() - 1);
 }
 
+PagedKvCache::Sequence& PagedKvCache::live(int seq) {
+  if (seq < 0 || static_cast<size_t>(seq) >= seqs_.size() || !seqs_[static_cast<size_t>(seq)].live)
+    fail("KV cache: sequence {} does not exist (never made, or freed)", seq);
+  return seqs_[static_cast<size_t>(seq)];
+}
+
+int64_t PagedKvCache::length(int seq) const {
+  return const_cast<PagedKvCache*>(this)->live(seq).n_tokens;
+}
+
 void PagedKvCache::free_sequence(int seq) {
   truncate(seq, 0);
-  seqs_.at(seq).live = false;
+  live(seq).live = false;
 }
 
 void PagedKvCache::truncate(int seq, int64_t n) {
-  Sequence& s = seqs_.at(seq);
+  if (n < 0) fail("KV cache: truncate of sequence {} to {} tokens", seq, n);
+  Sequence& s = live(seq);
   if (n >= s.n_tokens) return;
   const size_t keep = static_cast<size_t>((n + kBlockTokens - 1) / kBlockTokens);
   for (size_t i = keep; i < s.blocks.size(); ++i) release_block(s.blocks[i]);
@@ -38,9 +49,10 @@ void PagedKvCache::truncate(int seq, int64_t n) {
 }
 
 int PagedKvCache::fork(int seq) {
+  live(seq);
   const int child = new_sequence();
-  Sequence& c = seqs_[child];
-  const Sequence& p = seqs_.at(seq);
+  Sequence& c = seqs_[static_cast<size_t>(child)];
+  const Sequence& p = seqs_[static_cast<size_t>(seq)];
   c.n_tokens = p.n_tokens;
   c.blocks = p.blocks;
   for (int32_t b : c.blocks) ++refcount_[b];
@@ -73,7 +85,8 @@ void PagedKvCache::release_block(int32_t b) {
 }
 
 void PagedKvCache::append(int seq, int64_t n) {
-  Sequence& s = seqs_.at(seq);
+  if (n < 0) fail("KV cache: append of {} tokens to sequence {}", n, seq);
+  Sequence& s = live(seq);
   const int64_t end = s.n_tokens + n;
   // Copy on write: the partly filled last block may be shared with a fork.
   if (s.n_tokens % kBlockTokens != 0 && !s.blocks.empty() && refcount_[s.blocks.back()] > 1) {

@@ -20,7 +20,7 @@ class PagedKvCache {
   void free_sequence(int seq);        // releases its blocks
   void truncate(int seq, int64_t n);  // keeps the first n tokens
   int fork(int seq);                  // a new sequence sharing seq's blocks (copy on write)
-  int64_t length(int seq) const { return seqs_.at(seq).n_tokens; }
+  int64_t length(int seq) const;      // throws barata::Error for a sequence that does not exist
 
   // Makes room for positions [length, length + n) and advances the length;
   // throws barata::Error when the pool is exhausted.
@@ -53,6 +53,7 @@ class PagedKvCache {
     int64_t n_tokens = 0;
     std::vector<int32_t> blocks;  // block table: position / kBlockTokens -> block id
   };
+  Sequence& live(int seq);  // throws barata::Error unless seq is a live sequence
   uint16_t* slot(int64_t layer, int seq, int64_t pos, int kv) const;
   int32_t take_block();
   void release_block(int32_t b);

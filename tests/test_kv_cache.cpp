@@ -1,0 +1,155 @@
+// PagedKvCache block bookkeeping: fork shares blocks by reference count,
+// copy on write keeps a shared block's tokens intact for every owner,
+// truncate and free give blocks back, and misuse is a barata::Error.
+#include <cstdint>
+
+#include <gtest/gtest.h>
+
+#include "barata/error.h"
+#include "barata/kv_cache.h"
+
+namespace barata {
+namespace {
+
+constexpr int64_t kLayers = 2, kHeads = 2, kHeadDim = 4, kDim = kHeads * kHeadDim;
+constexpr int64_t B = PagedKvCache::kBlockTokens;
+
+// A value that names (layer, seq tag, pos, K/V, element), so a token written
+// for one sequence is told apart from any other.
+uint16_t tag(int64_t layer, int owner, int64_t pos, int kv, int64_t j) {
+  return static_cast<uint16_t>((layer * 7 + owner * 131 + pos * 3 + kv * 17 + j) & 0xffff);
+}
+
+void write(PagedKvCache& c, int seq, int owner, int64_t from, int64_t to) {
+  for (int64_t p = from; p < to; ++p)
+    for (int64_t l = 0; l < kLayers; ++l)
+      for (int64_t j = 0; j < kDim; ++j) {
+        c.k(l, seq, p)[j] = tag(l, owner, p, 0, j);
+        c.v(l, seq, p)[j] = tag(l, owner, p, 1, j);
+      }
+}
+
+// Positions [from, to) of seq hold what `owner` wrote there.
+::testing::AssertionResult holds(const PagedKvCache& c, int seq, int owner, int64_t from,
+                                 int64_t to) {
+  for (int64_t p = from; p < to; ++p)
+    for (int64_t l = 0; l < kLayers; ++l)
+      for (int64_t j = 0; j < kDim; ++j)
+        if (c.k(l, seq, p)[j] != tag(l, owner, p, 0, j) ||
+            c.v(l, seq, p)[j] != tag(l, owner, p, 1, j))
+          return ::testing::AssertionFailure()
+                 << "seq " << seq << " pos " << p << " layer " << l << " elem " << j
+                 << " is not owner " << owner << "'s";
+  return ::testing::AssertionSuccess();
+}
+
+TEST(KvCache, ForkSharesEveryBlockUntilAWrite) {
+  PagedKvCache c(kLayers, kHeads, kHeadDim, 8 * B);
+  const int a = c.new_sequence();
+  c.append(a, B + 5);  // one full block and a partial one
+  write(c, a, 0, 0, B + 5);
+  EXPECT_EQ(c.blocks_in_use(), 2);
+  const int b = c.fork(a);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(c.length(b), B + 5);
+  EXPECT_EQ(c.blocks_in_use(), 2);  // nothing copied yet
+  EXPECT_TRUE(holds(c, b, 0, 0, B + 5));
+  // The first token either one appends is written into the shared partial
+  // block: it is copied for the writer, and the other keeps its own.
+  c.append(b, 3);
+  EXPECT_EQ(c.blocks_in_use(), 3);
+  write(c, b, 1, B + 5, B + 8);
+  EXPECT_TRUE(holds(c, b, 0, 0, B + 5));
+  EXPECT_TRUE(holds(c, b, 1, B + 5, B + 8));
+  EXPECT_EQ(c.length(a), B + 5);
+  c.append(a, 3);
+  EXPECT_EQ(c.blocks_in_use(), 3);  // a's partial block is its own again: no copy
+  write(c, a, 2, B + 5, B + 8);
+  EXPECT_TRUE(holds(c, a, 0, 0, B + 5));
+  EXPECT_TRUE(holds(c, a, 2, B + 5, B + 8));
+  EXPECT_TRUE(holds(c, b, 1, B + 5, B + 8));  // b is untouched by a's write
+  // The full first block is still one block for both.
+  EXPECT_EQ(c.k(0, a, 0), c.k(0, b, 0));
+  EXPECT_NE(c.k(0, a, B), c.k(0, b, B));
+}
+
+TEST(KvCache, ForkAtABlockEdgeSharesAllAndAppendsFreshBlocks) {
+  PagedKvCache c(kLayers, kHeads, kHeadDim, 8 * B);
+  const int a = c.new_sequence();
+  c.append(a, 2 * B);
+  write(c, a, 0, 0, 2 * B);
+  const int b = c.fork(a);
+  c.append(b, 1);
+  EXPECT_EQ(c.blocks_in_use(), 3);  // a new block, nothing copied
+  write(c, b, 1, 2 * B, 2 * B + 1);
+  EXPECT_TRUE(holds(c, a, 0, 0, 2 * B));
+  EXPECT_TRUE(holds(c, b, 0, 0, 2 * B));
+}
+
+TEST(KvCache, FreeingOneOwnerKeepsTheOthersTokens) {
+  PagedKvCache c(kLayers, kHeads, kHeadDim, 8 * B);
+  const int a = c.new_sequence();
+  c.append(a, 2 * B + 1);
+  write(c, a, 0, 0, 2 * B + 1);
+  const int b = c.fork(a);
+  const int d = c.fork(b);  // three owners of three blocks
+  EXPECT_EQ(c.blocks_in_use(), 3);
+  c.free_sequence(a);
+  EXPECT_EQ(c.blocks_in_use(), 3);
+  EXPECT_TRUE(holds(c, b, 0, 0, 2 * B + 1));
+  c.free_sequence(b);
+  EXPECT_TRUE(holds(c, d, 0, 0, 2 * B + 1));
+  c.free_sequence(d);
+  EXPECT_EQ(c.blocks_in_use(), 0);
+  // Freed blocks are reused before new ones are allocated.
+  const int64_t allocated = c.bytes_allocated();
+  const int e = c.new_sequence();
+  c.append(e, 3 * B);
+  EXPECT_EQ(c.bytes_allocated(), allocated);
+  EXPECT_EQ(c.blocks_in_use(), 3);
+}
+
+TEST(KvCache, TruncateInsideASharedBlockThenAppendCopiesIt) {
+  PagedKvCache c(kLayers, kHeads, kHeadDim, 8 * B);
+  const int a = c.new_sequence();
+  c.append(a, B + 10);
+  write(c, a, 0, 0, B + 10);
+  const int b = c.fork(a);
+  c.truncate(b, B + 4);  // b keeps both blocks, the second still shared
+  EXPECT_EQ(c.length(b), B + 4);
+  EXPECT_EQ(c.blocks_in_use(), 2);
+  c.append(b, 2);  // overwrites positions B+4, B+5 of its copy only
+  write(c, b, 1, B + 4, B + 6);
+  EXPECT_TRUE(holds(c, a, 0, 0, B + 10));
+  EXPECT_TRUE(holds(c, b, 0, 0, B + 4));
+  EXPECT_TRUE(holds(c, b, 1, B + 4, B + 6));
+  c.truncate(b, 3);  // drops b's second block (its copy) back to the pool
+  EXPECT_EQ(c.blocks_in_use(), 2);
+  c.truncate(a, 0);
+  EXPECT_EQ(c.blocks_in_use(), 1);  // the first block, still b's
+  EXPECT_TRUE(holds(c, b, 0, 0, 3));
+}
+
+TEST(KvCache, PoolExhaustionAndMisuseAreErrors) {
+  PagedKvCache c(kLayers, kHeads, kHeadDim, 2 * B);
+  const int a = c.new_sequence();
+  c.append(a, 2 * B);
+  EXPECT_THROW(c.append(a, 1), Error);
+  const int b = c.fork(a);
+  EXPECT_EQ(c.blocks_in_use(), 2);
+  c.free_sequence(b);
+  EXPECT_THROW(c.fork(b), Error);
+  EXPECT_THROW(c.append(b, 1), Error);
+  EXPECT_THROW(c.length(b), Error);
+  EXPECT_THROW(c.length(99), Error);
+  EXPECT_THROW(c.truncate(a, -1), Error);
+  EXPECT_THROW(c.append(a, -1), Error);
+  // The bookkeeping is what it was before the failed calls.
+  EXPECT_EQ(c.length(a), 2 * B);
+  EXPECT_EQ(c.blocks_in_use(), 2);
+  // bytes per token: K and V, every layer, fp16.
+  EXPECT_EQ(c.bytes_per_token(), 2 * kLayers * kDim * 2);
+}
+
+}  // namespace
+}  // namespace barata
