@@ -11,6 +11,8 @@
 #include <map>
 #include <random>
 
+#include <sys/stat.h>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -609,6 +611,12 @@ TEST(ConvertHf, VocabPaddedToConfigVocabSize) {
   test::TempDir dir;
   Checkpoint c = make_checkpoint(kQwen2, 6);
   c.config["vocab_size"] = kVocab + 3;
+  // The embedding (and lm_head) have the padded rows, as in Qwen2's checkpoints.
+  for (HfTensor& t : c.tensors)
+    if (t.name == "model.embed_tokens.weight" || t.name == "lm_head.weight") {
+      t.shape[0] = kVocab + 3;
+      t.values.resize(static_cast<size_t>(t.shape[0] * t.shape[1]), 0.0f);
+    }
   c.write(dir.path());
   const SourceModel m = load_hf_checkpoint(dir.path());
   const auto& tokens = std::get<GgufArray>(find_key(m, "tokenizer.ggml.tokens")->v).items;
@@ -639,6 +647,72 @@ TEST(ConvertHf, SmolLmStylePreTokenizer) {
   const auto pre = std::get<std::string>(find_key(m, "tokenizer.ggml.pre")->v);
   EXPECT_TRUE(pre == "smollm" || pre == "command-r") << pre;
   EXPECT_TRUE(std::get<bool>(find_key(m, "tokenizer.ggml.add_bos_token")->v));
+}
+
+// The converter refuses, before writing anything, a checkpoint whose GGUF
+// barata would refuse to load: each case names what is wrong.
+TEST(ConvertHf, RefusesWhatWouldNotLoad) {
+  struct Case {
+    const char* name;
+    std::function<void(Checkpoint&)> edit;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {"padded vocab without embedding rows",
+       [](Checkpoint& c) { c.config["vocab_size"] = kVocab + 3; },
+       "the tokenizer has 267 tokens but token_embd.weight has 264 rows"},
+      {"a layer tensor missing",
+       [](Checkpoint& c) {
+         std::erase_if(c.tensors, [](const HfTensor& t) {
+           return t.name == "model.layers.1.mlp.up_proj.weight";
+         });
+       },
+       "tensor blk.1.ffn_up.weight is missing"},
+      {"embedding width is not hidden_size",
+       [](Checkpoint& c) { c.config["hidden_size"] = c.config["hidden_size"].get<int64_t>() * 2; },
+       "would not load"},
+      {"rope_theta zero", [](Checkpoint& c) { c.config["rope_theta"] = 0.0; }, "rope.freq_base"},
+      {"a negative rms eps", [](Checkpoint& c) { c.config["rms_norm_eps"] = -1e-5; },
+       "layer_norm_rms_epsilon"},
+      {"config value of the wrong type", [](Checkpoint& c) { c.tokenizer["model"]["type"] = 7; },
+       "tokenizer.json"},
+      {"tokenizer_config of the wrong type",
+       [](Checkpoint& c) { c.tok_config["clean_up_tokenization_spaces"] = "yes"; },
+       "tokenizer_config.json"},
+      {"absurd vocab_size", [](Checkpoint& c) { c.config["vocab_size"] = 2000000000; },
+       "vocab_size"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    test::TempDir dir;
+    Checkpoint c = make_checkpoint(kQwen2, 7);
+    k.edit(c);
+    c.write(dir.path());
+    try {
+      load_hf_checkpoint(dir.path());
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(k.expect), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A FIFO where a file of the checkpoint should be is refused at once (the
+// open does not block), whichever file it replaces.
+TEST(ConvertHf, FifoInTheCheckpointIsRefused) {
+  for (const char* name : {"config.json", "tokenizer.json", "model.safetensors"}) {
+    SCOPED_TRACE(name);
+    test::TempDir dir;
+    make_checkpoint(kQwen2, 8).write(dir.path());
+    fs::remove(dir / name);
+    ASSERT_EQ(::mkfifo((dir / name).c_str(), 0600), 0);
+    try {
+      load_hf_checkpoint(dir.path());
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("FIFO"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

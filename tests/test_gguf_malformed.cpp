@@ -93,10 +93,10 @@ std::vector<Case> corpus() {
   g = RawGguf::valid();
   g.tensors[0].n_dims_override = 0;
   g.tensors[0].dims = {};
-  add("n_dims_0", g, "n_dims is 0");
+  add("n_dims_0", g, "tensor #0 'tok' (info at byte 189): n_dims at byte 200 is 0");
   g = RawGguf::valid();
   g.tensors[0].dims = {1, 1, 1, 1, 1, 1, 1, 1, 1};
-  add("n_dims_9", g, "n_dims is 9");
+  add("n_dims_9", g, "n_dims at byte 200 is 9");
   g = RawGguf::valid();
   g.tensors[0].dims = {uint64_t{1} << 32, uint64_t{1} << 32};
   add("dim_overflow", g, "overflows");
@@ -115,7 +115,7 @@ std::vector<Case> corpus() {
   add("partial_block", g, "not a multiple of the Q8_0 block size");
   g = RawGguf::valid();
   g.tensors[1].offset = 4096;
-  add("offset_past_end", g, "is past the end of the file");
+  add("offset_past_end", g, "run past the end of the file");
   g = RawGguf::valid();
   g.tensors[1].offset = 36;
   add("offset_misaligned", g, "not a multiple of the alignment");
@@ -127,10 +127,32 @@ std::vector<Case> corpus() {
   add("size_past_end", g, "past the end");
   g = RawGguf::valid();
   g.tensors[1].name = "tok";
-  add("duplicate_tensor", g, "duplicate tensor name 'tok'");
+  add("duplicate_tensor", g, "tensor #1 'tok' (info at byte 232): duplicate tensor name");
   g = RawGguf::valid();
   g.data_bytes = 64 + 16;
-  add("data_truncated", g, "tensor out: data [");
+  add("data_truncated", g, "tensor #1 'out': 32 bytes of data at offset 64");
+  // No writer lays two tensors over the same bytes: refused, naming both.
+  g = RawGguf::valid();
+  g.tensors[1].offset = 32;
+  add("tensors_overlap", g,
+      "tensor #1 'out' (data [32, 64)) overlaps tensor #0 'tok' (data [0, 64))");
+  g = RawGguf::valid();
+  g.tensors[1].offset = 0;
+  g.tensors[1].dims = {8, 2};
+  add("tensors_coincide", g, "tensor #1 'out' (data [0, 64)) overlaps tensor #0 'tok'");
+  // A huge offset is printed as it is, not as a wrapped-around sum.
+  g = RawGguf::valid();
+  g.tensors[1].offset = ~uint64_t{0} - 31;
+  add("offset_huge_printed_whole", g, "at offset 18446744073709551584 of the data section");
+  // Untrusted bytes cannot cut the message (NUL) or forge a line (newline, ESC).
+  g = RawGguf::valid();
+  g.tensors[1].name = std::string("o\x1b[2J\nerror: forged\0x", 21);
+  g.tensors[1].offset = 4096;
+  add("name_escaped", g, "tensor #1 'o\\x1b[2J\\nerror: forged\\x00x'");
+  g = RawGguf::valid();
+  g.kvs.push_back(RawGguf::kv_string(std::string("k\0\n", 3), "a"));
+  g.kvs.push_back(RawGguf::kv_string(std::string("k\0\n", 3), "b"));
+  add("key_escaped", g, "duplicate metadata key 'k\\x00\\n'");
   return c;
 }
 

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "barata/error.h"
+#include "barata/file_io.h"
 #include "convert/hf_json.h"
 #include "tokenizer/pretokenizer.h"
 
@@ -108,8 +109,10 @@ bool post_processor_adds_bos(const json& pp) {
 
 }  // namespace
 
-void add_tokenizer_metadata(const std::filesystem::path& dir, const json& config, Metadata& md,
-                            std::vector<std::filesystem::path>& inputs) {
+namespace {
+
+void add_tokenizer_metadata_from(const std::filesystem::path& dir, const json& config, Metadata& md,
+                                 std::vector<std::filesystem::path>& inputs) {
   const auto tok_path = dir / "tokenizer.json";
   const std::string file = tok_path.string();
   const json tj = read_json(tok_path);
@@ -173,8 +176,14 @@ void add_tokenizer_metadata(const std::filesystem::path& dir, const json& config
   // Qwen2's rounded-up 151936): the extra ids become unused "[PAD<id>]" tokens,
   // as llama.cpp's converter names them.
   const auto vs = config.find("vocab_size");
-  if (vs != config.end() && vs->is_number_integer() && vs->get<int64_t>() > n_tok &&
-      vs->get<int64_t>() < INT32_MAX) {
+  // Padding is a rounding-up (Qwen2: 271 ids); a config asking for millions
+  // more ids than the tokenizer has is refused before they are made.
+  constexpr int64_t kMaxPadding = int64_t{1} << 16;
+  if (vs != config.end() && vs->is_number_integer() && vs->get<int64_t>() > n_tok + kMaxPadding)
+    fail("{}: vocab_size {} is {} more than the {} tokens of {} (at most {} padding ids)",
+         (dir / "config.json").string(), vs->get<int64_t>(), vs->get<int64_t>() - n_tok, n_tok,
+         file, kMaxPadding);
+  if (vs != config.end() && vs->is_number_integer() && vs->get<int64_t>() > n_tok) {
     for (int64_t id = n_tok; id < vs->get<int64_t>(); ++id) {
       put(id, "[PAD" + std::to_string(id) + "]", "padding");
       types[id] = 5;  // unused
@@ -209,7 +218,13 @@ void add_tokenizer_metadata(const std::filesystem::path& dir, const json& config
   }
   if (merges.empty()) fail("{}: model.merges is empty", file);
 
-  const bool clean = tc.value("clean_up_tokenization_spaces", true);
+  bool clean = true;
+  if (const auto it = tc.find("clean_up_tokenization_spaces"); it != tc.end()) {
+    if (!it->is_boolean())
+      fail("{}: clean_up_tokenization_spaces is {}, expected true or false", tc_path.string(),
+           printable(it->dump()));
+    clean = it->get<bool>();
+  }
   const std::string pre_name =
       choose_pre(pre.regexes, clean, model.value("ignore_merges", false), file);
 
@@ -246,6 +261,16 @@ void add_tokenizer_metadata(const std::filesystem::path& dir, const json& config
   md.emplace_back("tokenizer.ggml.add_bos_token", add_bos);
   if (const auto it = tc.find("chat_template"); it != tc.end() && it->is_string())
     md.emplace_back("tokenizer.chat_template", it->get<std::string>());
+}
+
+}  // namespace
+
+void add_tokenizer_metadata(const std::filesystem::path& dir, const json& config, Metadata& md,
+                            std::vector<std::filesystem::path>& inputs) {
+  // tokenizer_config.json's values are type-checked where read; any other
+  // JSON type error comes from tokenizer.json's structure.
+  with_json_errors(dir / "tokenizer.json",
+                   [&] { add_tokenizer_metadata_from(dir, config, md, inputs); });
 }
 
 }  // namespace barata::hf
