@@ -6,7 +6,10 @@
 # (2025-08-14; the sdist records no release number). The sdist is cached in
 # models/cache/ and checked by sha256; the files go to models/vocab/ and are
 # checked against tests/data/vocab-llama-cpp-python-0.3.16.sha256. Does nothing
-# when they are already there and right. Prints the folder.
+# when they are already there and right. Prints the folder. About 15 s from a
+# cold cache: only llama-cpp-python itself is asked for as source, so that pip's
+# metadata step takes its build backend as a wheel (`--no-binary :all:` builds
+# that whole chain from source too, minutes).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,11 +31,11 @@ fi
 CACHE="$ROOT/models/cache"
 SDIST="$CACHE/$SDIST_NAME"
 mkdir -p "$CACHE"
-sdist_ok() { [ -f "$SDIST" ] && echo "$SDIST_SHA256  $SDIST" | sha256sum --quiet -c - 2>/dev/null; }
+sdist_ok() { [ -f "$SDIST" ] && echo "$SDIST_SHA256  $SDIST" | sha256sum --quiet -c - >/dev/null 2>&1; }
 if ! sdist_ok; then
   rm -f "$SDIST"
   echo "fetch-test-data: downloading $PKG (source distribution, ~50 MB) from PyPI" >&2
-  python3 -m pip download --quiet --no-deps --no-binary :all: --disable-pip-version-check \
+  python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python --disable-pip-version-check \
     -d "$CACHE" "$PKG" >&2
   if ! sdist_ok; then
     echo "error: fetch-test-data: $SDIST is absent or does not have the sha256 $SDIST_SHA256" >&2
