@@ -1,16 +1,11 @@
-// GgufWriter: metadata, tensor infos, aligned data; written to a temporary
-// file beside the destination and renamed into place only when complete.
+// GgufWriter: metadata, tensor infos, aligned data; written through an
+// AtomicFile (a temporary beside the destination, renamed into place only
+// when complete).
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
-#include <functional>
 #include <string>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
+#include "barata/atomic_file.h"
 #include "barata/error.h"
 #include "barata/gguf.h"
 
@@ -23,16 +18,16 @@ uint64_t align_up(uint64_t x, uint64_t a) {
   return (x + a - 1) / a * a;
 }
 
-// Where emitted bytes go: a buffered file descriptor or a byte vector.
+// Where emitted bytes go: a buffered AtomicFile or a byte vector.
 class FdSink {
  public:
   static constexpr bool kCounting = false;
-  FdSink(int fd, std::string path) : fd_(fd), path_(std::move(path)) { buf_.reserve(kBuf); }
+  explicit FdSink(AtomicFile& f) : f_(f) { buf_.reserve(kBuf); }
   void put(const void* p, size_t n) {
     const auto* b = static_cast<const uint8_t*>(p);
     if (n >= kBuf) {
       flush();
-      write_all(b, n);
+      f_.write(b, n);
       return;
     }
     if (buf_.size() + n > kBuf) flush();
@@ -41,25 +36,13 @@ class FdSink {
     std::memcpy(buf_.data() + at, b, n);
   }
   void flush() {
-    write_all(buf_.data(), buf_.size());
+    f_.write(buf_.data(), buf_.size());
     buf_.clear();
   }
 
  private:
   static constexpr size_t kBuf = 1 << 20;
-  void write_all(const uint8_t* p, size_t n) {
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        fail("{}: write failed: {}", path_, std::strerror(errno));
-      }
-      p += w;
-      n -= static_cast<size_t>(w);
-    }
-  }
-  int fd_;
-  std::string path_;
+  AtomicFile& f_;
   std::vector<uint8_t> buf_;
 };
 
@@ -251,58 +234,11 @@ void GgufWriter::write(const std::filesystem::path& out) const {
     if (fs::exists(out, ec) && fs::equivalent(out, in, ec))
       fail("{}: refusing to overwrite the input file", out.string());
   }
-  const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
-  std::string name = ".";
-  name.append(out.filename().string()).append(".tmp-XXXXXX");
-  std::string tmpl = (dir / name).string();
-  // Preferably an unnamed file (O_TMPFILE): a crash or a kill while writing
-  // leaves nothing behind. It gets a name only once complete, for the rename.
-  int fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
-  const bool anonymous = fd >= 0;
-  if (!anonymous) fd = ::mkstemp(tmpl.data());
-  if (fd < 0)
-    fail("{}: cannot create a temporary file in {}: {}", out.string(), dir.string(),
-         std::strerror(errno));
-  bool fd_open = true, named = !anonymous;
-  try {
-    FdSink sink(fd, tmpl);
-    emit(sink);
-    sink.flush();
-    if (::fsync(fd) != 0) fail("{}: fsync failed: {}", tmpl, std::strerror(errno));
-    if (::fchmod(fd, 0644) != 0) fail("{}: chmod failed: {}", tmpl, std::strerror(errno));
-    if (anonymous) {
-      const std::string proc = "/proc/self/fd/" + std::to_string(fd);
-      for (int attempt = 0; !named; ++attempt) {
-        tmpl = (dir / name).string();
-        static const char kHex[] = "0123456789abcdef";
-        uint64_t r = (static_cast<uint64_t>(::getpid()) << 20) ^
-                     static_cast<uint64_t>(std::hash<std::string>{}(proc)) ^
-                     (static_cast<uint64_t>(attempt) * 0x9E3779B97F4A7C15ull);
-        for (size_t i = tmpl.size() - 6; i < tmpl.size(); ++i, r >>= 4) tmpl[i] = kHex[r & 15];
-        if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, tmpl.c_str(), AT_SYMLINK_FOLLOW) == 0)
-          named = true;
-        else if (errno != EEXIST || attempt > 100)
-          fail("{}: cannot link the finished file into {}: {}", out.string(), dir.string(),
-               std::strerror(errno));
-      }
-    }
-    fd_open = false;  // close() releases the descriptor even when it reports an error
-    if (::close(fd) != 0) fail("{}: close failed: {}", tmpl, std::strerror(errno));
-  } catch (...) {
-    if (fd_open) ::close(fd);
-    if (named) ::unlink(tmpl.c_str());
-    throw;
-  }
-  if (::rename(tmpl.c_str(), out.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmpl.c_str());
-    fail("{}: cannot rename the finished file into place: {}", out.string(), std::strerror(e));
-  }
-  // Make the rename itself durable.
-  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  AtomicFile file(out);  // unnamed or self-removing temporary, renamed when complete
+  FdSink sink(file);
+  emit(sink);
+  sink.flush();
+  file.commit();
 }
 
 }  // namespace barata
