@@ -2,18 +2,20 @@
 // batch sweep and a roofline, per thread count, as markdown, CSV or JSON,
 // with optional SVG charts. Ctrl-C stops and prints what was measured.
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
+#include <new>
 #include <thread>
 
 #include <unistd.h>
 
 #include <fmt/core.h>
 
+#include "barata/atomic_file.h"
 #include "barata/bench.h"
 #include "barata/error.h"
 #include "barata/tokenizer.h"
@@ -53,6 +55,49 @@ void cap_list(std::vector<int64_t>& v, int64_t cap, const std::string& what, con
     if (std::find(out.begin(), out.end(), x) == out.end()) out.push_back(x);
   }
   v = out;
+}
+
+// This machine's physical memory in bytes (0 when the system does not say).
+double physical_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+}
+
+std::string mib(double bytes) {
+  return fmt::format("{:.0f} MiB", bytes / (1024.0 * 1024.0));
+}
+
+// The bandwidth probe streams one buffer: refused beyond half the memory
+// (the model and the engine need the rest), before it is allocated.
+void check_bandwidth_buffer(int64_t bw_mib) {
+  const double bytes = static_cast<double>(bw_mib) * 1024.0 * 1024.0, mem = physical_memory();
+  if (mem > 0 && bytes > mem / 2)
+    fail(
+        "--bw-mib {}: the bandwidth probe's buffer would take more than half of this machine's "
+        "{} of memory",
+        bw_mib, mib(mem));
+}
+
+// What the engines of this run allocate at most: RoPE tables for the
+// longest sequence, K/V for every cached token (the batch sweep's sequences
+// included), and activations for the longest prefill; refused beyond the
+// machine's memory before anything is allocated.
+void check_engine_memory(const ModelConfig& c, int64_t max_pos, int64_t cache_tokens,
+                         int64_t max_rows, const std::string& flags) {
+  const double rope = static_cast<double>(max_pos) * static_cast<double>(c.rope_dims / 2) * 8.0;
+  const double blocks = std::ceil(static_cast<double>(cache_tokens) / PagedKvCache::kBlockTokens);
+  const double kv =
+      blocks * PagedKvCache::kBlockTokens * static_cast<double>(c.kv_bytes_per_token());
+  const double width =
+      static_cast<double>(3 * c.d_model + std::max(c.d_model, c.d_ff) + 2 * c.d_ff +
+                          2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim + c.n_vocab);
+  const double act = static_cast<double>(max_rows) * width * 4.0;
+  const double total = rope + kv + act, mem = physical_memory();
+  if (mem > 0 && total > mem)
+    fail(
+        "{}: the engine would need about {} (K/V cache for {} tokens: {}, RoPE tables: {}, "
+        "activations: {}), more than this machine's {} of memory",
+        flags, mib(total), cache_tokens, mib(kv), mib(rope), mib(act), mib(mem));
 }
 
 std::vector<int32_t> cache_prompt(const Model& model) {
@@ -105,6 +150,7 @@ bool wants(const BenchArgs& a, const char* test) {
 }
 
 int run(BenchArgs& a) {
+  if (wants(a, "roofline")) check_bandwidth_buffer(a.bandwidth_mib);
   const std::string path = a.model.empty() ? default_model_path() : a.model;
   const Model model = Model::load(path);
   const ModelConfig& cfg = model.config();
@@ -159,19 +205,51 @@ int run(BenchArgs& a) {
   const int64_t blocks_per_seq =
       (s.batch_cached + 1 + PagedKvCache::kBlockTokens - 1) / PagedKvCache::kBlockTokens;
   const int64_t cache_tokens = n_ctx + max_b * blocks_per_seq * PagedKvCache::kBlockTokens;
+  {
+    // K/V tokens the largest test fills (the cache grows as it fills; the
+    // sequences of one test are freed before the next), rows of the longest
+    // forward call.
+    const int64_t blk = PagedKvCache::kBlockTokens;
+    int64_t max_p = 1, max_c = 1;
+    for (int64_t p : s.prefill_tokens) max_p = std::max(max_p, p);
+    for (int64_t c : s.cache_tokens) max_c = std::max(max_c, c);
+    int64_t kv_tokens = 0, rows = 1, max_pos = 1;
+    auto fills = [&](int64_t tokens, int64_t row_count, int64_t positions) {
+      kv_tokens = std::max(kv_tokens, tokens);
+      rows = std::max(rows, row_count);
+      max_pos = std::max(max_pos, positions);
+    };
+    if (wants(a, "prefill")) fills(max_p, max_p, max_p);
+    if (wants(a, "decode") || wants(a, "roofline"))
+      fills(max_c + s.decode_steps, 1, max_c + s.decode_steps);
+    if (wants(a, "cache")) {
+      const int64_t n = static_cast<int64_t>(prompt.size()) + s.n_generate;
+      fills(n, n, n);
+    }
+    if (wants(a, "batch")) fills(max_b * blocks_per_seq * blk, max_b, s.batch_cached + 1);
+    check_engine_memory(cfg, std::min(max_pos, n_ctx), std::min(kv_tokens, cache_tokens), rows,
+                        fmt::format("--ctx-size {} (-p, -c, -b, --batch-cached, -n)", n_ctx));
+  }
   const std::vector<int> threads = a.threads.empty() ? std::vector<int>{0} : a.threads;
-  for (int t : threads) {
-    if (g_stop) break;
-    Engine engine(model, {.n_threads = t, .n_ctx = n_ctx, .cache_tokens = cache_tokens});
-    progress.set_threads(engine.n_threads());
-    rep.threads.push_back(engine.n_threads());
-    bench::ThreadRun& run = rep.runs.emplace_back();
-    run.n_threads = engine.n_threads();
-    if (wants(a, "prefill")) run.prefill = bench::run_prefill(engine, s, hooks);
-    if (wants(a, "decode")) run.decode = bench::run_decode(engine, s, hooks);
-    if (wants(a, "cache")) run.cache = bench::run_cache(engine, prompt, s, hooks);
-    if (wants(a, "batch")) run.batch = bench::run_batch(engine, s, hooks);
-    if (wants(a, "roofline")) run.roofline = bench::run_roofline(engine, s, hooks);
+  try {
+    for (int t : threads) {
+      if (g_stop) break;
+      Engine engine(model, {.n_threads = t, .n_ctx = n_ctx, .cache_tokens = cache_tokens});
+      progress.set_threads(engine.n_threads());
+      rep.threads.push_back(engine.n_threads());
+      bench::ThreadRun& run = rep.runs.emplace_back();
+      run.n_threads = engine.n_threads();
+      if (wants(a, "prefill")) run.prefill = bench::run_prefill(engine, s, hooks);
+      if (wants(a, "decode")) run.decode = bench::run_decode(engine, s, hooks);
+      if (wants(a, "cache")) run.cache = bench::run_cache(engine, prompt, s, hooks);
+      if (wants(a, "batch")) run.batch = bench::run_batch(engine, s, hooks);
+      if (wants(a, "roofline")) run.roofline = bench::run_roofline(engine, s, hooks);
+    }
+  } catch (const std::bad_alloc&) {
+    // What the estimate above cannot see: the rest of the machine.
+    progress.clear();
+    std::signal(SIGINT, prev);
+    fail("bench: out of memory with --ctx-size {} (lower it, -p, -c, -b or --batch-cached)", n_ctx);
   }
   progress.clear();
   std::signal(SIGINT, prev);
@@ -189,9 +267,7 @@ int run(BenchArgs& a) {
     if (ec) fail("{}: cannot create the plot directory: {}", a.plot_dir, ec.message());
     for (const auto& [name, chart] : bench::report_charts(rep)) {
       const fs::path file = fs::path(a.plot_dir) / name;
-      std::ofstream f(file, std::ios::binary | std::ios::trunc);
-      f << bench::to_svg(chart);
-      if (!f) fail("{}: cannot write the chart", file.string());
+      write_file_atomically(file, bench::to_svg(chart));  // whole or absent, never truncated
       fmt::print(stderr, "wrote {}\n", file.string());
     }
   }
