@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <map>
 
 #include <fmt/core.h>
@@ -89,7 +90,22 @@ void print_fallbacks(const QuantResult& r) {
     if (p.fallback) fmt::print("  {}: {}\n", p.name, p.why);
 }
 
-int run_quantize(const QuantizeArgs& a) {
+// A progress bar on stderr when it is a terminal, else nothing.
+std::function<void(size_t, size_t, const std::string&)> progress_bar() {
+  const bool tty = ::isatty(2) != 0;
+  return [tty](size_t done, size_t total, const std::string& name) {
+    if (!tty) return;
+    const int width = 30, fill = static_cast<int>(width * done / std::max<size_t>(total, 1));
+    fmt::print(stderr, "\r[{}{}] {:3d}% {}/{} {:<32.32}", std::string(fill, '#'),
+               std::string(width - fill, '.'), 100 * done / std::max<size_t>(total, 1), done, total,
+               name);
+    if (done == total) fmt::print(stderr, "\n");
+    std::fflush(stderr);
+  };
+}
+
+// The flags as QuantOptions, checked against each other.
+QuantOptions options(const QuantizeArgs& a) {
   QuantOptions opt;
   if (!a.report && a.type.empty())
     fail("quantize: --type is required (valid: {})", quant_type_names());
@@ -108,72 +124,66 @@ int run_quantize(const QuantizeArgs& a) {
   if (a.report && !a.out.empty())
     fail("quantize: --report is a dry run and writes nothing; drop OUT ('{}') or --report", a.out);
   if (!a.report && a.out.empty()) fail("quantize: OUT is required (or --report for a dry run)");
+  opt.progress = progress_bar();
+  return opt;
+}
 
-  const bool tty = ::isatty(2) != 0;
-  opt.progress = [tty](size_t done, size_t total, const std::string& name) {
-    if (!tty) return;
-    const int width = 30, fill = static_cast<int>(width * done / std::max<size_t>(total, 1));
-    fmt::print(stderr, "\r[{}{}] {:3d}% {}/{} {:<32.32}", std::string(fill, '#'),
-               std::string(width - fill, '.'), 100 * done / std::max<size_t>(total, 1), done, total,
-               name);
-    if (done == total) fmt::print(stderr, "\n");
-    std::fflush(stderr);
-  };
-
-  const SourceModel src = load_source(a.in);
-  if (a.report) {
-    const std::vector<SchemeReport> reps = quantization_report(src, opt);
-    if (a.json) {
-      nlohmann::json j = {{"input", a.in}, {"source", src.description}};
-      j["schemes"] = nlohmann::json::array();
-      for (const auto& r : reps) {
-        nlohmann::json s = result_json(r.result);
-        s["scheme"] = r.scheme.name;
-        s["description"] = r.scheme.summary;
-        j["schemes"].push_back(std::move(s));
-      }
-      fmt::print("{}\n", j.dump(2));
-      return 0;
-    }
-    fmt::print("# Quantization report: {}\n\n", src.description);
-    fmt::print("Relative error ||W - Q(W)|| / ||W|| per matrix ({}):\n\n",
-               a.all_tensors ? "every 2-D tensor" : "projection matrices; --all adds embeddings");
-    fmt::print("| tensor | max/std | >6σ |");
-    for (const auto& r : reps) fmt::print(" {} |", r.scheme.name);
-    fmt::print("\n|---|---:|---:|");
-    for (size_t i = 0; i < reps.size(); ++i) fmt::print("---:|");
-    fmt::print("\n");
-    for (size_t m = 0; m < reps[0].result.matrices.size(); ++m) {
-      const MatrixStats& s0 = reps[0].result.matrices[m];
-      if (!a.all_tensors && !is_projection(s0.name)) continue;
-      fmt::print("| {} | {:.1f} | {} |", s0.name, s0.max_over_std, s0.beyond_6sigma);
-      for (const auto& r : reps) {
-        const MatrixStats& s = r.result.matrices[m];
-        fmt::print(" {:.4f}{} |", s.rel_error, s.type != r.scheme.type ? "*" : "");
-      }
-      fmt::print("\n");
-    }
-    fmt::print("\n* = stored at a fallback type (row length not a multiple of the block)\n\n");
-    fmt::print(
-        "| scheme | mean rel. error | worst rel. error | worst tensor | bits/weight | file |\n");
-    fmt::print("|---|---:|---:|---|---:|---:|\n");
+// --report: every scheme on every matrix, as tables or JSON.
+int print_report(const QuantizeArgs& a, const SourceModel& src, const QuantOptions& opt) {
+  const std::vector<SchemeReport> reps = quantization_report(src, opt);
+  if (a.json) {
+    nlohmann::json j = {{"input", a.in}, {"source", src.description}};
+    j["schemes"] = nlohmann::json::array();
     for (const auto& r : reps) {
-      const Summary s = summarize(r.result);
-      fmt::print("| {} | {:.4f} | {:.4f} | {} | {:.3f} | {} |\n", r.scheme.name, s.mean, s.worst,
-                 s.worst_name, r.result.bits_per_weight(), mib(r.result.file_bytes));
+      nlohmann::json s = result_json(r.result);
+      s["scheme"] = r.scheme.name;
+      s["description"] = r.scheme.summary;
+      j["schemes"].push_back(std::move(s));
     }
-    fmt::print(
-        "\nbits/weight: stored bytes of all 2-D tensors (scales, headers and fallbacks "
-        "included) x 8 / their weights.\n");
-    for (const auto& r : reps) {
-      int n = 0;
-      for (const auto& p : r.result.plan) n += p.fallback;
-      if (n > 0) fmt::print("{}: {} tensor(s) at a fallback type\n", r.scheme.name, n);
-    }
+    fmt::print("{}\n", j.dump(2));
     return 0;
   }
+  fmt::print("# Quantization report: {}\n\n", src.description);
+  fmt::print("Relative error ||W - Q(W)|| / ||W|| per matrix ({}):\n\n",
+             a.all_tensors ? "every 2-D tensor" : "projection matrices; --all adds embeddings");
+  fmt::print("| tensor | max/std | >6σ |");
+  for (const auto& r : reps) fmt::print(" {} |", r.scheme.name);
+  fmt::print("\n|---|---:|---:|");
+  for (size_t i = 0; i < reps.size(); ++i) fmt::print("---:|");
+  fmt::print("\n");
+  for (size_t m = 0; m < reps[0].result.matrices.size(); ++m) {
+    const MatrixStats& s0 = reps[0].result.matrices[m];
+    if (!a.all_tensors && !is_projection(s0.name)) continue;
+    fmt::print("| {} | {:.1f} | {} |", s0.name, s0.max_over_std, s0.beyond_6sigma);
+    for (const auto& r : reps) {
+      const MatrixStats& s = r.result.matrices[m];
+      fmt::print(" {:.4f}{} |", s.rel_error, s.type != r.scheme.type ? "*" : "");
+    }
+    fmt::print("\n");
+  }
+  fmt::print("\n* = stored at a fallback type (row length not a multiple of the block)\n\n");
+  fmt::print(
+      "| scheme | mean rel. error | worst rel. error | worst tensor | bits/weight | file |\n");
+  fmt::print("|---|---:|---:|---|---:|---:|\n");
+  for (const auto& r : reps) {
+    const Summary s = summarize(r.result);
+    fmt::print("| {} | {:.4f} | {:.4f} | {} | {:.3f} | {} |\n", r.scheme.name, s.mean, s.worst,
+               s.worst_name, r.result.bits_per_weight(), mib(r.result.file_bytes));
+  }
+  fmt::print(
+      "\nbits/weight: stored bytes of all 2-D tensors (scales, headers and fallbacks "
+      "included) x 8 / their weights.\n");
+  for (const auto& r : reps) {
+    int n = 0;
+    for (const auto& p : r.result.plan) n += p.fallback;
+    if (n > 0) fmt::print("{}: {} tensor(s) at a fallback type\n", r.scheme.name, n);
+  }
+  return 0;
+}
 
-  const QuantResult r = quantize_model(src, opt, a.out);
+// The written file: its tensors, their types and errors, as a table or JSON.
+int print_result(const QuantizeArgs& a, const SourceModel& src, const QuantOptions& opt,
+                 const QuantResult& r) {
   const Summary s = summarize(r);
   if (a.json) {
     nlohmann::json j = result_json(r);
@@ -202,6 +212,13 @@ int run_quantize(const QuantizeArgs& a) {
       r.file_bytes);
   print_fallbacks(r);
   return 0;
+}
+
+int run_quantize(const QuantizeArgs& a) {
+  const QuantOptions opt = options(a);
+  const SourceModel src = load_source(a.in);
+  if (a.report) return print_report(a, src, opt);
+  return print_result(a, src, opt, quantize_model(src, opt, a.out));
 }
 
 }  // namespace
