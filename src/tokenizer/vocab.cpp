@@ -299,6 +299,22 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
       v->byte_token[b] = v->find(byte_to_unicode()[b]);
     }
   }
+  if (v->kind == Kind::kBpe) {
+    // Bytes without a token are lost from any text that holds them (llama.cpp
+    // drops them too; falcon's vocabulary lacks 0x0B): said once, at load.
+    std::string missing;
+    int n_missing = 0;
+    for (int b = 0; b < 256; ++b)
+      if (v->byte_token[b] < 0) {
+        if (n_missing++ < 16) missing += fmt::format("{}0x{:02X}", missing.empty() ? "" : " ", b);
+      }
+    if (n_missing > 0)
+      spdlog::warn(
+          "{}: the vocabulary has no token for {} byte(s) ({}{}); text holding them is "
+          "encoded {}",
+          f.name(), n_missing, missing, n_missing > 16 ? " ..." : "",
+          v->unk >= 0 ? "with the unknown token in their place" : "without them");
+  }
   if (v->kind == Kind::kSpm) {
     v->spm_words_independent =
         std::none_of(v->tokens.begin(), v->tokens.end(), [](const TokenData& t) {
