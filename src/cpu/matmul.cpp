@@ -114,7 +114,9 @@ void quantize_row_q8_act(const float* x, BlockQ8Act* out, int64_t k) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     int sum = 0;
     for (int j = 0; j < 32; ++j) {
-      const int q = static_cast<int>(std::nearbyint(x[j] * id));
+      // fmin/fmax: a NaN or Inf activation (a broken file's weights) gives +-127, not UB.
+      const int q =
+          static_cast<int>(std::nearbyint(std::fmax(-127.0f, std::fmin(127.0f, x[j] * id))));
       out[b].q[j] = static_cast<int8_t>(q);
       sum += q;
     }
