@@ -338,6 +338,10 @@ int chat(const ChatArgs& a) {
              "barata chat: {} ({} template, context {} tokens, {} threads, load {:.0f} ms)\n"
              "/help for commands; Ctrl-D or /exit to quit\n",
              s.path, chat_family_name(conv.family()), s.n_ctx, s.engine.n_threads(), s.load_ms);
+  // Ctrl-C is caught for the whole session: a reply checks it (each turn
+  // clears it first); outside a reply it does nothing (at the prompt the
+  // terminal's ISIG is off and ^C is the editor's key).
+  SigintCatcher catcher;
   int status = 0;
   bool ctrl_c_before = false;
   std::string line;

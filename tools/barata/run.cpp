@@ -33,9 +33,8 @@ struct PromptText {
   bool parse_special;
 };
 
-PromptText build_prompt(const RunArgs& a, const Session& s) {
-  PromptText p{a.prompt_file.empty() ? a.prompt : read_regular_file(a.prompt_file, "prompt file"),
-               a.parse_special};
+PromptText build_prompt(const RunArgs& a, const Session& s, std::string text) {
+  PromptText p{std::move(text), a.parse_special};
   if (a.chat) {
     const ChatFamily family = choose_chat_family(a.chat_template, s);
     std::vector<ChatMessage> msgs;
@@ -105,8 +104,11 @@ void report(const RunArgs& a, const Session& s, const std::vector<int32_t>& prom
 }
 
 int run(const RunArgs& a) {
+  // The prompt file first: a FIFO or a device is refused before the model loads.
+  std::string text =
+      a.prompt_file.empty() ? a.prompt : read_regular_file(a.prompt_file, "prompt file");
   Session s(a.model);
-  const std::vector<int32_t> prompt = encode_prompt(a, s, build_prompt(a, s));
+  const std::vector<int32_t> prompt = encode_prompt(a, s, build_prompt(a, s, std::move(text)));
   Sampler sampler(a.sampling);
   const GenerateOptions go{.n_predict = a.n_predict,
                            .no_cache = a.no_cache,
