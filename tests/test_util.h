@@ -108,14 +108,22 @@ struct CliResult {
   std::string out, err;
 };
 
-inline CliResult run_cli(const std::string& args) {
+// run_cli_within: with timeout_s > 0 the command is killed after that long (status 124), so
+// a regression that hangs fails its test instead of stalling the suite.
+inline CliResult run_cli_within(const std::string& args, int timeout_s) {
   TempDir dir;
-  const std::string cmd = std::string(BARATA_CLI_PATH) + " " + args + " >" +
+  const std::string prefix =
+      timeout_s > 0 ? "timeout -k 5 " + std::to_string(timeout_s) + " " : std::string();
+  const std::string cmd = prefix + std::string(BARATA_CLI_PATH) + " " + args + " >" +
                           (dir / "out").string() + " 2>" + (dir / "err").string();
   const int status = std::system(cmd.c_str());
   const auto out = read_bytes(dir / "out"), err = read_bytes(dir / "err");
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, std::string(out.begin(), out.end()),
           std::string(err.begin(), err.end())};
+}
+
+inline CliResult run_cli(const std::string& args) {
+  return run_cli_within(args, 0);
 }
 
 }  // namespace barata::test

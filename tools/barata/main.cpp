@@ -29,6 +29,12 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("barata"));
   CLI::App app{"barata: inference for decoder-only transformers from GGUF files"};
   app.require_subcommand(1);
+  // Usage errors look like every other error: one "error: ..." line (then a
+  // hint), so a script can grep one prefix.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return "error: " + barata::printable(e.what(), 4000) +
+           "\nRun with --help for more information.\n";
+  });
   app.set_version_flag("--version", "barata 0.1.0");
   int verbosity = 0;
   app.add_flag("-v,--verbose", verbosity, "More log output (repeat for more)");
