@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the F32 source of tests/data/llamacpp_quant/: a small random llama
 (1 layer, d_model 256, GQA 4/2 heads, d_ff 256, the 512-token SentencePiece
-vocabulary of ../shared/models/stories260K.gguf). Row lengths are whole K-quant
+vocabulary of tests/data/models/stories260K.gguf). Row lengths are whole K-quant
 super-blocks, so llama.cpp's quantizer keeps its K types.
 
     pip install gguf==0.19.0 numpy
@@ -18,7 +18,7 @@ import numpy as np
 import gguf
 from gguf import GGUFReader, GGUFValueType
 
-SHARED = pathlib.Path(__file__).resolve().parent.parent.parent / "shared" / "models"
+SHARED = pathlib.Path(__file__).resolve().parent.parent / "tests" / "data" / "models"
 D, HEADS, KV_HEADS, FF, LAYERS = 256, 4, 2, 256, 1
 SEED = 20261130
 
