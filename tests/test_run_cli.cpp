@@ -158,8 +158,11 @@ Result run_bounded(const std::string& args) {
           std::string(err.begin(), err.end())};
 }
 
+// The first line of stderr, without the "error: " a usage error may carry.
 std::string first_line(const std::string& s) {
-  return s.substr(0, s.find('\n'));
+  std::string line = s.substr(0, s.find('\n'));
+  if (line.rfind("error: ", 0) == 0) line.erase(0, 7);
+  return line;
 }
 
 TEST(RunCliValidation, SamplingValuesOutsideTheirDomainAreUsageErrors) {
