@@ -146,6 +146,16 @@ bool is_temp_name_of(const std::filesystem::path& out, const std::string& name) 
 }
 
 AtomicFile::AtomicFile(const fs::path& out) : out_(out) {
+  // The rename would replace whatever is at `out`: a device (/dev/null, as
+  // root), a FIFO or a socket would become a regular file. Only a regular
+  // file (or nothing) may be replaced.
+  if (struct stat st{}; ::stat(out.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    fail("{}: the output exists and is {}; barata replaces only regular files", out.string(),
+         S_ISDIR(st.st_mode)    ? "a directory"
+         : S_ISFIFO(st.st_mode) ? "a FIFO"
+         : S_ISCHR(st.st_mode)  ? "a character device"
+         : S_ISBLK(st.st_mode)  ? "a block device"
+                                : "not a plain file");
   dir_ = out.has_parent_path() ? out.parent_path() : fs::path(".");
   sweep(dir_, out_);
   // Preferably an unnamed file (O_TMPFILE): a crash or a kill while writing

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -93,6 +94,23 @@ TEST(AtomicFile, NamedTemporaryIsVisibleWhileWritingAndGoneOnError) {
     // Destroyed without commit(): an error on the way.
   }
   EXPECT_TRUE(names_in(dir.path()).empty());
+}
+
+// An output that is a FIFO or a device is refused, not replaced by a
+// regular file (as root, a rename over /dev/null would succeed).
+TEST(AtomicFile, RefusesToReplaceSpecialFiles) {
+  test::TempDir dir;
+  const auto fifo = dir / "out.gguf";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THROW(write_file_atomically(fifo, "x"), Error);
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_THROW(write_file_atomically(dir.path(), "x"), Error);
+  const auto r = test::run_cli("quantize " + test::tiny_model("stories260K.gguf").string() + " " +
+                               fifo.string() + " --type q8_0");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("is a FIFO; barata replaces only regular files"), std::string::npos)
+      << r.err;
+  EXPECT_TRUE(fs::is_fifo(fifo));
 }
 
 TEST(AtomicFile, TempNamePattern) {

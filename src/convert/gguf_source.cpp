@@ -1,10 +1,12 @@
 // A GGUF file as a quantization source: its metadata and its tensors
 // dequantized to fp32 one at a time.
+#include <algorithm>
 #include <memory>
 #include <system_error>
 
 #include "barata/convert.h"
 #include "barata/error.h"
+#include "barata/model_config.h"
 
 namespace barata {
 
@@ -34,6 +36,12 @@ SourceModel load_gguf_source(const std::filesystem::path& path) {
   }
   m.inputs.push_back(path);
   m.keep_alive = file;
+  // A model of an architecture barata runs must come out loadable: the same
+  // checks as a load, before anything is written. (Other architectures are
+  // converted as they are, for other engines to run.)
+  const std::string arch = file->get_or<std::string>("general.architecture", "");
+  const auto& archs = ModelConfig::supported_architectures();
+  if (std::find(archs.begin(), archs.end(), arch) != archs.end()) check_source_layout(m);
   return m;
 }
 

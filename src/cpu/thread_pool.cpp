@@ -1,16 +1,31 @@
 #include "thread_pool.h"
 
 #include <algorithm>
+#include <system_error>
 
 #include <immintrin.h>
+
+#include "barata/error.h"
 
 namespace barata {
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
-  for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
+  // Far more threads than the machine has only spin against each other (1024
+  // on 2 cores made a step take seconds): refused, like any bad flag value.
+  const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int max_threads = std::max(64, 4 * hw);
+  if (n_threads_ > max_threads)
+    fail("{} threads asked for, on a machine with {} hardware threads: give at most {}", n_threads_,
+         hw, max_threads);
+  try {
+    for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
+  } catch (const std::system_error& e) {
+    stop_workers();
+    fail("cannot start {} threads ({} started): {}", n_threads_, threads_.size() + 1, e.what());
+  }
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -18,6 +33,11 @@ ThreadPool::~ThreadPool() {
   }
   cv_.notify_all();
   for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+ThreadPool::~ThreadPool() {
+  stop_workers();
 }
 
 int ThreadPool::default_threads() {

@@ -32,6 +32,7 @@ class ThreadPool {
 
  private:
   void worker(int index);
+  void stop_workers();  // joins every worker (idempotent)
   void run_chunk(int index);
 
   int n_threads_;

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "barata/error.h"
+#include "barata/file_io.h"
 #include "barata/gguf.h"
 #include "barata/model_config.h"
 #include "commands.h"
@@ -151,19 +152,21 @@ void print_text(const GgufFile& f, const json& j, bool show_tensors) {
              human_bytes(f.file_size()), f.file_size(), f.alignment(), f.data_offset());
   fmt::print("\nmetadata ({} keys):\n", f.metadata().size());
   size_t w = 0;
-  for (const auto& [k, v] : f.metadata()) w = std::max(w, k.size());
+  // Keys and names from the file are escaped: a newline or ESC in them must
+  // not forge a line or drive the terminal.
+  for (const auto& [k, v] : f.metadata()) w = std::max(w, printable(k).size());
   for (const auto& [k, v] : f.metadata())
-    fmt::print("  {:<{}}  {:<14} {}\n", k, w, v.type_name(), value_text(v));
+    fmt::print("  {:<{}}  {:<14} {}\n", printable(k), w, v.type_name(), value_text(v));
 
   fmt::print("\ntensors ({}):\n", f.tensors().size());
   if (show_tensors) {
     size_t nw = 4;
-    for (const auto& t : f.tensors()) nw = std::max(nw, t.name.size());
+    for (const auto& t : f.tensors()) nw = std::max(nw, printable(t.name).size());
     fmt::print("  {:<{}}  {:<6} {:>22} {:>12} {:>12}\n", "name", nw, "type", "shape", "bytes",
                "offset");
     for (const auto& t : f.tensors())
-      fmt::print("  {:<{}}  {:<6} {:>22} {:>12} {:>12}\n", t.name, nw, dtype_name(t.type),
-                 shape_text(t.shape), t.n_bytes, f.data_offset() + t.offset);
+      fmt::print("  {:<{}}  {:<6} {:>22} {:>12} {:>12}\n", printable(t.name), nw,
+                 dtype_name(t.type), shape_text(t.shape), t.n_bytes, f.data_offset() + t.offset);
   } else {
     fmt::print("  (table hidden by --no-tensors)\n");
   }

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "barata/error.h"
+#include "barata/file_io.h"
 #include "barata/quantize.h"
 #include "commands.h"
 #include <thread>
@@ -87,7 +88,7 @@ void print_fallbacks(const QuantResult& r) {
   if (n == 0) return;
   fmt::print("\n{} tensor(s) could not take the requested type:\n", n);
   for (const auto& p : r.plan)
-    if (p.fallback) fmt::print("  {}: {}\n", p.name, p.why);
+    if (p.fallback) fmt::print("  {}: {}\n", printable(p.name), p.why);
 }
 
 // A progress bar on stderr when it is a terminal, else nothing.
@@ -154,7 +155,7 @@ int print_report(const QuantizeArgs& a, const SourceModel& src, const QuantOptio
   for (size_t m = 0; m < reps[0].result.matrices.size(); ++m) {
     const MatrixStats& s0 = reps[0].result.matrices[m];
     if (!a.all_tensors && !is_projection(s0.name)) continue;
-    fmt::print("| {} | {:.1f} | {} |", s0.name, s0.max_over_std, s0.beyond_6sigma);
+    fmt::print("| {} | {:.1f} | {} |", printable(s0.name), s0.max_over_std, s0.beyond_6sigma);
     for (const auto& r : reps) {
       const MatrixStats& s = r.result.matrices[m];
       fmt::print(" {:.4f}{} |", s.rel_error, s.type != r.scheme.type ? "*" : "");
@@ -168,7 +169,7 @@ int print_report(const QuantizeArgs& a, const SourceModel& src, const QuantOptio
   for (const auto& r : reps) {
     const Summary s = summarize(r.result);
     fmt::print("| {} | {:.4f} | {:.4f} | {} | {:.3f} | {} |\n", r.scheme.name, s.mean, s.worst,
-               s.worst_name, r.result.bits_per_weight(), mib(r.result.file_bytes));
+               printable(s.worst_name), r.result.bits_per_weight(), mib(r.result.file_bytes));
   }
   fmt::print(
       "\nbits/weight: stored bytes of all 2-D tensors (scales, headers and fallbacks "
@@ -195,15 +196,15 @@ int print_result(const QuantizeArgs& a, const SourceModel& src, const QuantOptio
   }
   std::map<std::string, int> by_type;
   for (const auto& p : r.plan) ++by_type[quant_type_label(p.type)];
-  fmt::print("{} -> {} ({}), {} tensors in {:.1f} s\n", src.description, a.out,
-             quant_type_label(opt.type), r.plan.size(), r.seconds);
+  fmt::print("{} -> {} ({}), {} tensors in {:.1f} s\n", printable(src.description),
+             printable(a.out), quant_type_label(opt.type), r.plan.size(), r.seconds);
   std::string types;
   for (const auto& [t, n] : by_type)
     types += fmt::format("{}{} {}", types.empty() ? "" : ", ", n, t);
   fmt::print("tensor types: {}\n", types);
   fmt::print("| tensor | type | rel. error | max/std | >6σ |\n|---|---|---:|---:|---:|\n");
   for (const auto& m : r.matrices)
-    fmt::print("| {} | {} | {:.4f} | {:.1f} | {} |\n", m.name, quant_type_label(m.type),
+    fmt::print("| {} | {} | {:.4f} | {:.1f} | {} |\n", printable(m.name), quant_type_label(m.type),
                m.rel_error, m.max_over_std, m.beyond_6sigma);
   fmt::print(
       "\nmean rel. error {:.4f}, worst {:.4f} ({}); {:.3f} bits/weight over {} weights; "
