@@ -74,9 +74,9 @@ void read_id(const GgufFile& f, const std::string& key, int32_t n_vocab, int32_t
   if (!v) return;
   if (*v >= 0 && *v < n_vocab) {
     id = static_cast<int32_t>(*v);
-  } else {
-    spdlog::debug("{}: {} = {} is outside the vocabulary of {}; keeping {}", f.name(), key, *v,
-                  n_vocab, id);
+  } else if (*v != 0xFFFFFFFFll && *v != -1) {  // "none" is said quietly; anything else is not
+    spdlog::warn("{}: {} = {} is outside the vocabulary of {}; keeping {}", f.name(), key, *v,
+                 n_vocab, id);
   }
 }
 
