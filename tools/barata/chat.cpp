@@ -76,7 +76,9 @@ class LineReader {
     el_set(el_, EL_SIGNAL, 1);
     el_source(el_, nullptr);  // ~/.editrc
     el_set(el_, EL_SETTY, "-d", "-isig", nullptr);
-    el_set(el_, EL_ADDFN, "barata-ctrl-c", "Discard the line", on_ctrl_c);
+    // The wide call: libedit keeps these pointers as they are, where the
+    // narrow el_set copies the two strings and never frees them (LeakSanitizer).
+    el_wset(el_, EL_ADDFN, L"barata-ctrl-c", L"Discard the line", on_ctrl_c);
     el_set(el_, EL_BIND, "^C", "barata-ctrl-c", nullptr);
   }
   ~LineReader() {
