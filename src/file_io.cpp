@@ -23,14 +23,6 @@ const char* kind_of(mode_t m) {
 
 }  // namespace
 
-void require_regular_file(const std::filesystem::path& path, std::string_view what) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0)
-    fail("{}: cannot read the {}: {}", path.string(), what, std::strerror(errno));
-  if (!S_ISREG(st.st_mode))
-    fail("{}: the {} is {}, not a regular file", path.string(), what, kind_of(st.st_mode));
-}
-
 int open_regular_file(const std::filesystem::path& path, std::string_view what) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) fail("{}: cannot open the {}: {}", path.string(), what, std::strerror(errno));

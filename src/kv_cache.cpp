@@ -1,6 +1,7 @@
 #include "barata/kv_cache.h"
 
 #include <cstring>
+#include <utility>
 
 #include "barata/error.h"
 
@@ -23,14 +24,18 @@ int PagedKvCache::new_sequence() {
   return static_cast<int>(seqs_.size() - 1);
 }
 
-PagedKvCache::Sequence& PagedKvCache::live(int seq) {
+const PagedKvCache::Sequence& PagedKvCache::live(int seq) const {
   if (seq < 0 || static_cast<size_t>(seq) >= seqs_.size() || !seqs_[static_cast<size_t>(seq)].live)
     fail("KV cache: sequence {} does not exist (never made, or freed)", seq);
   return seqs_[static_cast<size_t>(seq)];
 }
 
+PagedKvCache::Sequence& PagedKvCache::live(int seq) {
+  return const_cast<Sequence&>(std::as_const(*this).live(seq));
+}
+
 int64_t PagedKvCache::length(int seq) const {
-  return const_cast<PagedKvCache*>(this)->live(seq).n_tokens;
+  return live(seq).n_tokens;
 }
 
 void PagedKvCache::free_sequence(int seq) {

@@ -13,10 +13,6 @@ namespace barata {
 // Default bound for a text file a user names (a prompt, a JSON config).
 inline constexpr size_t kMaxTextFileBytes = size_t{256} << 20;
 
-// Throws barata::Error "<path>: <what> is not a regular file (a FIFO)" unless
-// path names a regular file (symlinks followed). Does not open it.
-void require_regular_file(const std::filesystem::path& path, std::string_view what);
-
 // Opens path without blocking (O_NONBLOCK, so a FIFO cannot hang the open),
 // checks that it is a regular file, and returns its descriptor in blocking
 // mode. Throws barata::Error naming path and what on any failure.

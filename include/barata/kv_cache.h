@@ -53,7 +53,9 @@ class PagedKvCache {
     int64_t n_tokens = 0;
     std::vector<int32_t> blocks;  // block table: position / kBlockTokens -> block id
   };
-  Sequence& live(int seq);  // throws barata::Error unless seq is a live sequence
+  // Throw barata::Error unless seq is a live sequence.
+  const Sequence& live(int seq) const;
+  Sequence& live(int seq);
   uint16_t* slot(int64_t layer, int seq, int64_t pos, int kv) const;
   int32_t take_block();
   void release_block(int32_t b);
