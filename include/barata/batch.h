@@ -1,0 +1,52 @@
+// One forward call's rows: any mix of sequences, each row a token at a
+// position, some rows wanting logits. Several sequences' prefill and other
+// sequences' decode rows can share one call.
+//
+// The caller fills tokens, positions, seq_ids and want_logits (add()). The
+// engine then checks the batch against the KV cache, before any state
+// changes, and fills the flattened arrays a device kernel reads: each row's
+// cache slot and where its sequence's block table starts.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace barata {
+
+// Per row, what a kernel needs to find its K/V: laid out for direct upload.
+struct BatchRowMeta {
+  int32_t pos = 0;    // position in its sequence
+  int32_t table = 0;  // offset of its sequence's block table in Batch::block_tables
+  int32_t slot = 0;   // physical cache slot: block id * block tokens + pos % block tokens
+  int32_t seq = 0;    // sequence id
+};
+static_assert(sizeof(BatchRowMeta) == 16);
+
+struct Batch {
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> positions;
+  std::vector<int32_t> seq_ids;
+  std::vector<uint8_t> want_logits;  // 1: this row's logits are returned
+
+  // Filled by the engine (Engine::plan) once the batch is accepted.
+  std::vector<BatchRowMeta> rows;
+  std::vector<int32_t> block_tables;  // every sequence's table in the batch, concatenated
+  std::vector<int32_t> logit_rows;    // indices of the rows that want logits, in order
+  int64_t max_pos = 0;                // largest position of any row
+
+  void clear() { *this = Batch{}; }
+  void add(int32_t token, int64_t pos, int32_t seq, bool logits) {
+    tokens.push_back(token);
+    positions.push_back(pos);
+    seq_ids.push_back(seq);
+    want_logits.push_back(logits ? 1 : 0);
+  }
+  int64_t size() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t n_logits() const {
+    int64_t n = 0;
+    for (uint8_t w : want_logits) n += w;
+    return n;
+  }
+};
+
+}  // namespace barata

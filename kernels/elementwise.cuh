@@ -1,0 +1,18 @@
+// Element-wise ops of the forward pass on fp32 activations.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda_types.cuh"
+
+namespace barata::cuda {
+
+void launch_add(float* x, const float* y, int64_t n, cudaStream_t stream);  // x += y
+// y[r][c] += b[c] for r < n_rows, c < width.
+void launch_add_bias(float* y, const float* b, int64_t n_rows, int64_t width, cudaStream_t stream);
+// gate[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).
+void launch_swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream);
+// y[i] = fp16 bits of x[i], rounded to nearest even (activations for cuBLAS).
+void launch_f32_to_f16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
+
+}  // namespace barata::cuda
