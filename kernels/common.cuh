@@ -1,13 +1,21 @@
 // Device helpers shared by every kernel file. Host code that calls the CUDA
 // runtime wraps it in BARATA_CUDA_CHECK, so a failure reaches the CLI as one
 // barata::Error line instead of a silent sticky error later on.
+//
+// Kernels are launched with BARATA_LAUNCH and take dynamic shared memory with
+// BARATA_DYNAMIC_SMEM, so that the same source also runs under the host
+// emulation (BARATA_CUDA_EMU, kernels/emu/cuda_emu.h) in CI.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#ifdef BARATA_CUDA_EMU
+#include "emu/cuda_emu.h"  // the host emulation (docs/cuda-emulation.md)
+#else
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#endif
 
 #include "barata/error.h"
 
@@ -49,3 +57,14 @@ inline unsigned ceil_div(int64_t a, int64_t b) {
 // After a launch: catches bad launch configurations at once (asynchronous
 // faults inside the kernel surface at the next synchronising call instead).
 #define BARATA_CUDA_CHECK_LAUNCH() BARATA_CUDA_CHECK(cudaGetLastError())
+
+#ifndef BARATA_CUDA_EMU
+// kernel<<<grid, block, smem_bytes, stream>>>(args...). A template kernel
+// whose name holds a comma goes in parentheses: BARATA_LAUNCH((k<A, B>), ...).
+#define BARATA_LAUNCH(kernel, grid, block, smem_bytes, stream, ...) \
+  kernel<<<grid, block, smem_bytes, stream>>>(__VA_ARGS__)
+// The launch's dynamic shared memory as a T* named `name` (16-byte aligned).
+#define BARATA_DYNAMIC_SMEM(T, name)                                    \
+  extern __shared__ __align__(16) unsigned char barata_dynamic_smem_[]; \
+  T* const name = reinterpret_cast<T*>(barata_dynamic_smem_)
+#endif

@@ -94,8 +94,8 @@ __global__ void __launch_bounds__(kThreads)
 template <typename Block>
 void launch(const void* src, void* dst, int64_t n_blocks, cudaStream_t stream) {
   const unsigned grid = ceil_div(n_blocks, kBlocksPerTile);
-  dequant_to_f16_kernel<Block><<<grid, kThreads, 0, stream>>>(
-      static_cast<const unsigned char*>(src), static_cast<uint4*>(dst), n_blocks);
+  BARATA_LAUNCH(dequant_to_f16_kernel<Block>, grid, kThreads, 0, stream,
+                static_cast<const unsigned char*>(src), static_cast<uint4*>(dst), n_blocks);
   BARATA_CUDA_CHECK_LAUNCH();
 }
 

@@ -3,9 +3,8 @@
 
 #include <cstdint>
 
-#include <cuda_runtime.h>
-
 #include "barata/dtype.h"
+#include "cuda_types.cuh"
 
 namespace barata::cuda {
 
