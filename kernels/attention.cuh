@@ -33,14 +33,16 @@ void launch_attention_prefill(const float* q, float* out, const BatchRowMeta* ro
 
 // Decode: n_rows independent query rows (any sequences). The keys of each row
 // are cut into n_splits ranges of split_tokens (a multiple of kv.block_tokens);
-// ranges past a row's length do nothing. The grid depends only on n_rows and
-// n_splits, never on the lengths, so a captured CUDA graph replays at any length.
+// ranges past a row's length do nothing (and the last range takes any keys
+// past n_splits * split_tokens). The grid depends only on n_rows and n_splits,
+// never on the lengths, so a captured CUDA graph replays at any length.
 struct DecodeSplit {
   int32_t n_splits = 1;
   int32_t split_tokens = 0;  // n_splits * split_tokens >= every row's pos + 1
 };
 // The fp32 workspace launch_attention_decode needs (partial outputs and their
-// max / sum per split), in floats.
+// max / sum per split), in floats: 0 for one split, which writes the output
+// directly (workspace may then be null).
 size_t attention_decode_workspace(int64_t n_rows, const AttnArgs& a, const DecodeSplit& s);
 void launch_attention_decode(const float* q, float* out, const BatchRowMeta* rows, int64_t n_rows,
                              const AttnArgs& a, const KvDeviceView& kv, const DecodeSplit& s,
