@@ -31,14 +31,34 @@ namespace barata::cuda {
 
 // GGUF blocks keep fp16 scales as raw bits; widening them is one cvt
 // instruction, exact, like barata::fp16_to_fp32 on the host.
-__device__ __forceinline__ float fp16_bits_to_float(uint16_t bits) {
+__host__ __device__ __forceinline__ float fp16_bits_to_float(uint16_t bits) {
   return __half2float(__ushort_as_half(bits));
 }
 
 // One rounding, to nearest even: what barata::fp32_to_fp16 does on the host,
 // so device and reference results compare bit for bit.
-__device__ __forceinline__ __half float_to_half_rn(float x) {
+__host__ __device__ __forceinline__ __half float_to_half_rn(float x) {
   return __float2half_rn(x);
+}
+
+// Sum over the 32 lanes of a warp (every lane active), every lane gets it.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every
+// thread gets it. scratch: 32 floats of shared memory, free again on return.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_sum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : 0.0f;
+  v = warp_sum(v);
+  __syncthreads();
+  return v;
 }
 
 inline unsigned ceil_div(int64_t a, int64_t b) {

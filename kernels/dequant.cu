@@ -1,5 +1,6 @@
 #include "dequant.cuh"
 
+#include <cstring>
 #include <string>
 
 #include "barata/quant_blocks.h"
@@ -91,6 +92,88 @@ __global__ void __launch_bounds__(kThreads)
   dst[first * 4 + threadIdx.x] = out;
 }
 
+// Plain float sources (F32, F16, BF16): each thread turns 8 consecutive
+// elements into one 16-byte store; the loads are 16-byte vectors when the
+// source allows it, byte-exact scalar loads otherwise, and the last group of
+// fewer than 8 elements is stored one half at a time.
+enum class FloatSrc { kF32, kF16, kBF16 };
+
+template <FloatSrc S>
+__device__ __forceinline__ float load_float(const unsigned char* src, int64_t i) {
+  if constexpr (S == FloatSrc::kF32) {
+    float v;
+    memcpy(&v, src + 4 * i, 4);
+    return v;
+  } else {
+    uint16_t h;
+    memcpy(&h, src + 2 * i, 2);
+    if constexpr (S == FloatSrc::kF16) return fp16_bits_to_float(h);
+    return __uint_as_float(static_cast<uint32_t>(h) << 16);
+  }
+}
+
+template <FloatSrc S>
+__global__ void __launch_bounds__(kThreads)
+    float_to_f16_kernel(const unsigned char* __restrict__ src, uint16_t* __restrict__ dst,
+                        int64_t n) {
+  constexpr int kSrcBytes = S == FloatSrc::kF32 ? 4 : 2;
+  const int64_t n_groups = (n + 7) / 8;
+  const bool vec_src = (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; g < n_groups;
+       g += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t i0 = g * 8;
+    if (i0 + 8 > n) {  // the tail
+      for (int64_t i = i0; i < n; ++i)
+        dst[i] = __half_as_ushort(float_to_half_rn(load_float<S>(src, i)));
+      continue;
+    }
+    uint4 out;
+    if constexpr (S == FloatSrc::kF16) {
+      if (vec_src) {
+        out = __ldg(reinterpret_cast<const uint4*>(src) + g);  // already fp16: a copy
+        reinterpret_cast<uint4*>(dst)[g] = out;
+        continue;
+      }
+    }
+    float y[8];
+    if (vec_src) {
+      if constexpr (kSrcBytes == 4) {
+        const float4 a = __ldg(reinterpret_cast<const float4*>(src) + 2 * g);
+        const float4 b = __ldg(reinterpret_cast<const float4*>(src) + 2 * g + 1);
+        y[0] = a.x, y[1] = a.y, y[2] = a.z, y[3] = a.w;
+        y[4] = b.x, y[5] = b.y, y[6] = b.z, y[7] = b.w;
+      } else {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(src) + g);
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          y[2 * k] = __uint_as_float(w[k] << 16);  // bf16: the high half of a float
+          y[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) y[k] = load_float<S>(src, i0 + k);
+    }
+    uint32_t* w = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      w[k] = static_cast<uint32_t>(__half_as_ushort(float_to_half_rn(y[2 * k]))) |
+             (static_cast<uint32_t>(__half_as_ushort(float_to_half_rn(y[2 * k + 1]))) << 16);
+    reinterpret_cast<uint4*>(dst)[g] = out;
+  }
+}
+
+template <FloatSrc S>
+void launch_float(const void* src, void* dst, int64_t n, cudaStream_t stream) {
+  const int64_t groups = (n + 7) / 8;
+  const unsigned grid =
+      ceil_div(groups < int64_t{kThreads} * 8192 ? groups : int64_t{kThreads} * 8192, kThreads);
+  BARATA_LAUNCH(float_to_f16_kernel<S>, grid, kThreads, 0, stream,
+                static_cast<const unsigned char*>(src), static_cast<uint16_t*>(dst), n);
+  BARATA_CUDA_CHECK_LAUNCH();
+}
+
 template <typename Block>
 void launch(const void* src, void* dst, int64_t n_blocks, cudaStream_t stream) {
   const unsigned grid = ceil_div(n_blocks, kBlocksPerTile);
@@ -100,6 +183,20 @@ void launch(const void* src, void* dst, int64_t n_blocks, cudaStream_t stream) {
 }
 
 }  // namespace
+
+bool dequant_f16_supported(DType type) {
+  switch (type) {
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
+    case DType::Q8_0:
+    case DType::Q4_0:
+    case DType::Q4_1:
+      return true;
+    default:
+      return false;
+  }
+}
 
 void cuda_dequantize_to_f16(DType type, const void* d_src, void* d_dst_f16, int64_t n,
                             cudaStream_t stream) {
@@ -112,6 +209,12 @@ void cuda_dequantize_to_f16(DType type, const void* d_src, void* d_dst_f16, int6
   const int64_t n_blocks = n / tr.block_size;
   if (n_blocks == 0) return;
   switch (type) {
+    case DType::F32:
+      return launch_float<FloatSrc::kF32>(d_src, d_dst_f16, n, stream);
+    case DType::F16:
+      return launch_float<FloatSrc::kF16>(d_src, d_dst_f16, n, stream);
+    case DType::BF16:
+      return launch_float<FloatSrc::kBF16>(d_src, d_dst_f16, n, stream);
     case DType::Q8_0:
       return launch<BlockQ8_0>(d_src, d_dst_f16, n_blocks, stream);
     case DType::Q4_0:

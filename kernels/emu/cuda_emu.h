@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>  // before __noinline__ is defined: libstdc++ uses the name
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -42,6 +43,9 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
+// libstdc++ spells __attribute__((__noinline__)) in <memory> (included above,
+// so its guard keeps it from being read again with this macro defined).
+#define __noinline__ __attribute__((noinline))
 // Blocks run one after another on one OS thread: a function-local static is
 // the shared memory of the block that is running (not zeroed per block; the
 // content a block finds is what the previous block left, as on a GPU).

@@ -1,0 +1,133 @@
+#include "elementwise.cuh"
+
+#include <string>
+
+#include "common.cuh"
+
+namespace barata::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 8192;  // grid-stride beyond 2M threads
+
+// Memory-bound: grid-stride loops over 16-byte vectors when every pointer is
+// 16-byte aligned (cudaMalloc memory and offsets that are multiples of 4
+// floats), a scalar tail, scalar loads otherwise; consecutive threads touch
+// consecutive elements, so every warp access is coalesced.
+__device__ __forceinline__ int64_t first_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t stride() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+__device__ __forceinline__ bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
+  int64_t done = 0;
+  if (aligned16(x) && aligned16(y)) {
+    const int64_t n4 = n / 4;
+    for (int64_t i = first_index(); i < n4; i += stride()) {
+      float4 a = reinterpret_cast<float4*>(x)[i];
+      const float4 b = __ldg(reinterpret_cast<const float4*>(y) + i);
+      a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+      reinterpret_cast<float4*>(x)[i] = a;
+    }
+    done = n4 * 4;
+  }
+  for (int64_t i = done + first_index(); i < n; i += stride()) x[i] += __ldg(y + i);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    add_bias_kernel(float* __restrict__ y, const float* __restrict__ b, int64_t n, int64_t width) {
+  for (int64_t i = first_index(); i < n; i += stride()) y[i] += __ldg(b + i % width);
+}
+
+// silu(g) * up = g / (1 + exp(-g)) * up, in the CPU's order. expf is the
+// accurate one (a few ulp on a GPU), not the __expf approximation.
+__device__ __forceinline__ float swiglu(float g, float u) {
+  return __fmul_rn(g / (1.0f + expf(-g)), u);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t n) {
+  int64_t done = 0;
+  if (aligned16(gate) && aligned16(up)) {
+    const int64_t n4 = n / 4;
+    for (int64_t i = first_index(); i < n4; i += stride()) {
+      float4 g = reinterpret_cast<float4*>(gate)[i];
+      const float4 u = __ldg(reinterpret_cast<const float4*>(up) + i);
+      g = make_float4(swiglu(g.x, u.x), swiglu(g.y, u.y), swiglu(g.z, u.z), swiglu(g.w, u.w));
+      reinterpret_cast<float4*>(gate)[i] = g;
+    }
+    done = n4 * 4;
+  }
+  for (int64_t i = done + first_index(); i < n; i += stride())
+    gate[i] = swiglu(gate[i], __ldg(up + i));
+}
+
+__global__ void __launch_bounds__(kThreads)
+    f32_to_f16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
+  int64_t done = 0;
+  if (aligned16(x) && (reinterpret_cast<uintptr_t>(y) & 7) == 0) {
+    const int64_t n4 = n / 4;
+    for (int64_t i = first_index(); i < n4; i += stride()) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(x) + i);
+      uint2 h;
+      h.x = static_cast<uint32_t>(__half_as_ushort(float_to_half_rn(v.x))) |
+            (static_cast<uint32_t>(__half_as_ushort(float_to_half_rn(v.y))) << 16);
+      h.y = static_cast<uint32_t>(__half_as_ushort(float_to_half_rn(v.z))) |
+            (static_cast<uint32_t>(__half_as_ushort(float_to_half_rn(v.w))) << 16);
+      reinterpret_cast<uint2*>(y)[i] = h;
+    }
+    done = n4 * 4;
+  }
+  for (int64_t i = done + first_index(); i < n; i += stride())
+    y[i] = __half_as_ushort(float_to_half_rn(__ldg(x + i)));
+}
+
+unsigned grid_for(int64_t n) {
+  const int64_t blocks = (n + 4 * kThreads - 1) / (4 * kThreads);
+  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+void check_n(const char* op, int64_t n) {
+  if (n < 0) throw Error(std::string("cuda ") + op + ": negative length " + std::to_string(n));
+}
+
+}  // namespace
+
+void launch_add(float* x, const float* y, int64_t n, cudaStream_t stream) {
+  check_n("add", n);
+  if (n == 0) return;
+  BARATA_LAUNCH(add_kernel, grid_for(n), kThreads, 0, stream, x, y, n);
+  BARATA_CUDA_CHECK_LAUNCH();
+}
+
+void launch_add_bias(float* y, const float* b, int64_t n_rows, int64_t width, cudaStream_t stream) {
+  if (n_rows < 0 || width <= 0)
+    throw Error("cuda add_bias: bad shape " + std::to_string(n_rows) + " x " +
+                std::to_string(width));
+  const int64_t n = n_rows * width;
+  if (n == 0) return;
+  BARATA_LAUNCH(add_bias_kernel, grid_for(n), kThreads, 0, stream, y, b, n, width);
+  BARATA_CUDA_CHECK_LAUNCH();
+}
+
+void launch_swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
+  check_n("swiglu", n);
+  if (n == 0) return;
+  BARATA_LAUNCH(swiglu_kernel, grid_for(n), kThreads, 0, stream, gate, up, n);
+  BARATA_CUDA_CHECK_LAUNCH();
+}
+
+void launch_f32_to_f16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  check_n("f32_to_f16", n);
+  if (n == 0) return;
+  BARATA_LAUNCH(f32_to_f16_kernel, grid_for(n), kThreads, 0, stream, x, y, n);
+  BARATA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace barata::cuda
