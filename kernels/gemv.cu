@@ -175,11 +175,12 @@ constexpr bool fits_buffer() {
 static_assert(fits_buffer<FmtQ4_0>() && fits_buffer<FmtQ4_1>() && fits_buffer<FmtQ8_0>() &&
               fits_buffer<FmtHalf<false>>() && fits_buffer<FmtF32>());
 
-// The 16 bytes at `a` (16-aligned); when they are not all inside the matrix
-// [lo, hi), only the bytes inside [lo, hi) are read and the rest are zero.
-__device__ __forceinline__ uint4 load_chunk(uintptr_t a, uintptr_t lo, uintptr_t hi) {
-  if (a >= lo && a + 16 <= hi) return __ldg(reinterpret_cast<const uint4*>(a));
+// The bytes of the 16-byte chunk at `a` that lie inside [lo, hi), the rest
+// zero: the first and last chunk of a misaligned matrix. A rolled loop, so
+// that the hot code stays small (out of line, it cost ~30 registers at T = 1).
+__device__ __forceinline__ uint4 load_chunk_edge(uintptr_t a, uintptr_t lo, uintptr_t hi) {
   uint32_t word[4] = {0, 0, 0, 0};
+#pragma unroll 1
   for (int i = 0; i < 16; ++i) {
     if (a + i >= lo && a + i < hi) {
       const uint32_t b = *reinterpret_cast<const unsigned char*>(a + i);
@@ -187,6 +188,12 @@ __device__ __forceinline__ uint4 load_chunk(uintptr_t a, uintptr_t lo, uintptr_t
     }
   }
   return make_uint4(word[0], word[1], word[2], word[3]);
+}
+
+// The 16 bytes at `a` (16-aligned), without reading outside the matrix [lo, hi).
+__device__ __forceinline__ uint4 load_chunk(uintptr_t a, uintptr_t lo, uintptr_t hi) {
+  if (a >= lo && a + 16 <= hi) return __ldg(reinterpret_cast<const uint4*>(a));
+  return load_chunk_edge(a, lo, hi);
 }
 
 // ---- warp reduce-scatter -----------------------------------------------------------
