@@ -136,6 +136,42 @@ class CudaDequant : public ::testing::Test {
     EXPECT_TRUE(halves_equal(got, want));
   }
 
+  // Plain float sources: any element count, source offsets 0 (vector loads),
+  // 2 and 6 (misaligned: scalar loads).
+  void check_float(DType type, int64_t n, size_t src_offset) {
+    SCOPED_TRACE(std::string(dtype_name(type)) + ", n " + std::to_string(n) + ", source offset " +
+                 std::to_string(src_offset));
+    std::mt19937 rng(static_cast<uint32_t>(n * 7 + src_offset));
+    std::uniform_real_distribution<float> u(-70000.0f, 70000.0f);
+    const size_t esize = type == DType::F32 ? 4 : 2;
+    std::vector<uint8_t> data(static_cast<size_t>(n) * esize);
+    for (int64_t i = 0; i < n; ++i) {
+      const float f = (i % 3 == 0) ? u(rng) * 1e-9f : u(rng);
+      const uint16_t h = type == DType::F16 ? fp32_to_fp16(f) : fp32_to_bf16(f);
+      if (type == DType::F32)
+        std::memcpy(data.data() + 4 * i, &f, 4);
+      else
+        std::memcpy(data.data() + 2 * i, &h, 2);
+    }
+    std::vector<float> ref(static_cast<size_t>(n));
+    dequantize_tensor(type, data.data(), n, 1, ref.data());
+    std::vector<uint16_t> want(ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) want[i] = fp32_to_fp16(ref[i]);
+
+    DeviceBuffer src(data.size() + src_offset);
+    DeviceBuffer dst(want.size() * sizeof(uint16_t));
+    ASSERT_NE(src.get(), nullptr);
+    ASSERT_NE(dst.get(), nullptr);
+    ASSERT_CUDA(
+        cudaMemcpy(src.get() + src_offset, data.data(), data.size(), cudaMemcpyHostToDevice));
+    cuda_dequantize_to_f16(type, src.get() + src_offset, dst.get(), n, nullptr);
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    std::vector<uint16_t> got(want.size());
+    ASSERT_CUDA(
+        cudaMemcpy(got.data(), dst.get(), got.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(halves_equal(got, want));
+  }
+
   template <typename Block>
   void check_all_sizes(DType type) {
     // 64 blocks fill one CTA's tile exactly; 65 and 1000 leave a partial tile.
@@ -155,6 +191,15 @@ TEST_F(CudaDequant, Q4_0MatchesReference) {
 }
 TEST_F(CudaDequant, Q4_1MatchesReference) {
   check_all_sizes<BlockQ4_1>(DType::Q4_1);
+}
+
+TEST_F(CudaDequant, FloatTypesMatchReference) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16})
+    for (int64_t n : {1, 7, 8, 9, 1000, 2049, 100003})
+      for (size_t offset : {0, 2, 6}) {
+        check_float(t, n, offset);
+        if (HasFatalFailure()) return;
+      }
 }
 
 // Argument checks happen before any CUDA call, so these need no device.
