@@ -14,21 +14,45 @@
 #   --allow-no-gpu   dry run without a GPU: CUDA tests skip instead of failing
 #   --carried-tools  use the carried cmake/ninja even when the machine has them
 #   --build-dir DIR  build directory (default build-gpu)
+#   --bench-only     build, then the benchmark; no tests
+#   --no-bench       build and test; no benchmark
+#   --no-build       use the binaries already in the build directory (a dry run
+#                    of the benchmark on a machine without CUDA)
 #   -- ARGS...       extra arguments for the cmake configure step
+#
+# The benchmark (docs/cuda.md, "The GPU check and its synthetic models") builds
+# its models on the machine: barata_synth writes a random-weight Qwen2.5-0.5B
+# (F16) into a temporary folder, `barata quantize` makes Q8_0, Q4_0 and NF4 of
+# it, `barata bench --device cuda` measures each, and greedy `barata run` on
+# CUDA and on the CPU are compared. Everything lands in $OUT (or the logs
+# folder), the summary in cuda-results.md. Environment:
+#   BARATA_BENCH_DEVICE  cuda (default) or cpu (a dry run of the pipeline)
+#   BARATA_BENCH_PRESET  barata_synth preset (default qwen2.5-0.5b; tiny for a dry run)
+#   BARATA_BENCH_LAYERS  override the preset's layer count
+#   BARATA_BENCH_TYPES   quantized types (default "q8_0 q4_0 nf4")
+#   BARATA_BENCH_ARGS    bench flags (default: prefill, decode and batch, see below)
+#   BARATA_BENCH_BUDGET  seconds for the whole benchmark step (default 240)
+#   BARATA_BENCH_TMP     folder for the model files (default: a new one in /tmp)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="$ROOT/build-gpu"
 ALLOW_NO_GPU=0
 CARRIED_TOOLS=0
+BENCH_ONLY=0
+NO_BENCH=0
+NO_BUILD=0
 EXTRA_CMAKE=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --allow-no-gpu) ALLOW_NO_GPU=1 ;;
     --carried-tools) CARRIED_TOOLS=1 ;;
     --build-dir) BUILD="$(realpath -m "$2")"; shift ;;
+    --bench-only) BENCH_ONLY=1 ;;
+    --no-bench) NO_BENCH=1 ;;
+    --no-build) NO_BUILD=1 ;;
     --) shift; EXTRA_CMAKE=("$@"); break ;;
-    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -59,22 +83,7 @@ cmake_ok() {  # the machine's cmake, if any, is new enough
   [ -n "$v" ] && [ "$(printf '%s\n3.25\n' "$v" | sort -V | head -1)" = 3.25 ]
 }
 
-main() {
-  cd "$ROOT"
-  step "machine"
-  grep -m1 PRETTY_NAME /etc/os-release 2>/dev/null || true
-  echo "cores: $(nproc)  compiler: $(c++ --version 2>/dev/null | head -1 || echo none)"
-  if [ -d /usr/local/cuda/bin ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
-  command -v nvcc >/dev/null || die "no nvcc on PATH or in /usr/local/cuda/bin"
-  nvcc --version | tail -1
-  if nvidia-smi -L 2>/dev/null; then
-    HAVE_GPU=1
-  else
-    HAVE_GPU=0
-    [ "$ALLOW_NO_GPU" = 1 ] || die "nvidia-smi sees no GPU (use --allow-no-gpu for a dry run)"
-    echo "no GPU: dry run, CUDA tests will skip"
-  fi
-
+build_all() {
   step "unpacking .debs into $PREFIX"
   compgen -G ".debs/dev/*.deb" >/dev/null || die "no .debs/dev/*.deb: run scripts/fetch-debs.sh and carry .debs"
   rm -rf "$PREFIX"
@@ -139,31 +148,256 @@ main() {
   grep "barata:" "$LOGS/configure.log" || true
 
   step "build ($(nproc) jobs)"
-  cmake --build "$BUILD" -j "$(nproc)" >"$LOGS/build.log" 2>&1 || {
+  local targets=()
+  if [ "$BENCH_ONLY" = 1 ]; then targets=(--target barata_cli barata_synth); fi
+  cmake --build "$BUILD" -j "$(nproc)" "${targets[@]}" >"$LOGS/build.log" 2>&1 || {
     grep -E -B2 -A12 "error|FAILED" "$LOGS/build.log" | head -80
     die "build failed; see build.log"
   }
   grep -E "warning" "$LOGS/build.log" | sort -u | head -20 || true
 
+}
+
+run_tests() {
   step "tests"
   if [ "$ALLOW_NO_GPU" = 0 ]; then export BARATA_REQUIRE_GPU=1; fi
-  test_rc=0
   ctest --test-dir "$BUILD" -j "$(nproc)" --timeout 300 --output-on-failure \
     --output-junit "$LOGS/ctest-junit.xml" >"$LOGS/ctest.log" 2>&1 || test_rc=$?
   grep -E "Test +#[0-9]+: Cuda" "$LOGS/ctest.log" || true
   sed -n '/tests passed/,$p' "$LOGS/ctest.log"
 
+}
+
+# ---- the benchmark ---------------------------------------------------------------
+
+now() { date +%s.%N; }
+secs_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# timed NAME STDOUT STDERR CMD...: runs CMD, adds a row to the step-time table.
+timed() {
+  local name="$1" out="$2" err="$3" t0 rc
+  shift 3
+  t0="$(now)"
+  "$@" >"$out" 2>"$err"
+  rc=$?
+  local dt
+  dt="$(secs_since "$t0")"
+  local what=ok
+  case "$rc" in
+    0) ;;
+    124 | 130 | 137) what="stopped at its time limit (exit $rc)" ;;
+    *) what="exit $rc" ;;
+  esac
+  STEP_ROWS+="| $name | $dt | $what |"$'\n'
+  echo "  $name: ${dt} s, $what"
+  if [ "$rc" != 0 ]; then tail -5 "$err" | sed 's/^/    /'; fi
+  return "$rc"
+}
+
+# The generated ids of a `barata run --json` output, comma-separated.
+json_ids() { grep -o '"generated_ids":\[[^]]*\]' "$1" | head -1 | sed 's/.*\[//; s/\]//'; }
+# The top logits of generated token I (from 0) of such an output (--top-logits).
+json_top() { grep -o '{"top_logits":\[\[[^}]*\]\]}' "$1" | sed -n "$(($2 + 1))p" | sed 's/{"top_logits":\[\(.*\)\]}/\1/'; }
+# Its text field, JSON-escaped as printed.
+json_text() { grep -o '"text":"\([^"\\]\|\\.\)*"' "$1" | head -1 | sed 's/^"text":"//; s/"$//'; }
+
+benchmark() {
   step "benchmark"
-  if [ "$HAVE_GPU" = 0 ]; then
-    echo "no GPU: benchmark skipped"
-  elif "$BUILD/barata" --help 2>/dev/null | grep -qE '^ +bench\b'; then
-    "$BUILD/barata" bench --device cuda 2>&1 | tee "$LOGS/bench.log"
+  local device="${BARATA_BENCH_DEVICE:-cuda}"
+  local preset="${BARATA_BENCH_PRESET:-qwen2.5-0.5b}"
+  local types="${BARATA_BENCH_TYPES:-q8_0 q4_0 nf4}"
+  local budget="${BARATA_BENCH_BUDGET:-240}"
+  local bench_args="${BARATA_BENCH_ARGS:---tests prefill,decode,batch -p 64,512 -c 64,1024 -b 1,4,16 -r 3}"
+  local bin="$BUILD/barata" synth="$BUILD/barata_synth" results="$LOGS/cuda-results.md"
+  local t_start
+  t_start="$(now)"
+  case "$device" in
+    cuda | cpu) ;;
+    *) echo "BARATA_BENCH_DEVICE must be cuda or cpu, not '$device'"; return 2 ;;
+  esac
+  if [ "$device" = cuda ] && [ "$HAVE_GPU" = 0 ]; then
+    echo "no GPU: benchmark skipped (BARATA_BENCH_DEVICE=cpu runs the pipeline on the CPU)"
+    return 0
+  fi
+  [ -x "$synth" ] || { echo "no $synth (built with barata_cli)"; return 1; }
+  # --device on run and bench: the CUDA benchmark needs it; a CPU dry run
+  # works without it.
+  local run_dev=() bench_dev=() cpu_dev=()
+  if "$bin" bench --help 2>&1 | grep -q -- --device; then
+    bench_dev=(--device "$device")
+  elif [ "$device" = cuda ]; then
+    echo "no CUDA benchmark yet: 'barata bench' has no --device"
+    return 0
+  fi
+  local have_run_dev=0
+  if "$bin" run --help 2>&1 | grep -q -- --device; then
+    have_run_dev=1
+    run_dev=(--device "$device")
+    cpu_dev=(--device cpu)
+  fi
+  local threads=()
+  if [ "$device" = cpu ]; then threads=(-t "$(nproc)"); fi
+
+  local tmp="${BARATA_BENCH_TMP:-}"
+  if [ -z "$tmp" ]; then tmp="$(mktemp -d /tmp/barata-bench.XXXXXX)"; else mkdir -p "$tmp"; fi
+  local layers=() tag="$preset"
+  if [ -n "${BARATA_BENCH_LAYERS:-}" ]; then
+    layers=(--layers "$BARATA_BENCH_LAYERS")
+    tag="$preset, $BARATA_BENCH_LAYERS layers"
+  fi
+  STEP_ROWS=""
+  local rc=0 f16="$tmp/$preset-f16.gguf"
+  echo "models in $tmp; device $device; budget ${budget} s"
+
+  # 1. The F16 model, then its quantizations (CPU, all cores).
+  if ! timed "barata_synth --preset $preset --type F16" "$LOGS/synth.log" "$LOGS/synth.err" \
+    "$synth" --preset "$preset" --type F16 --seed 0 "${layers[@]}" -o "$f16"; then
+    rm -rf "$tmp"
+    return 1
+  fi
+  local files=("$f16") names=(F16) t
+  for t in $types; do
+    local q="$tmp/$preset-$t.gguf"
+    if timed "barata quantize --type $t" "$LOGS/quantize-$t.log" "$LOGS/quantize-$t.err" \
+      "$bin" quantize "$f16" "$q" --type "$t"; then
+      files+=("$q")
+      names+=("$(echo "$t" | tr '[:lower:]' '[:upper:]')")
+    else
+      rc=1
+    fi
+  done
+
+  # 2. Greedy ids on the device against the CPU, on the F16 file. A CPU dry
+  # run compares one thread against all of them (the pipeline, not a device).
+  local prompt="Once upon a time" n_agree=16 agreement dev_name=CUDA dev_threads=()
+  if [ "$device" = cpu ]; then dev_name="CPU, 1 thread" dev_threads=(-t 1); fi
+  if [ "$have_run_dev" = 0 ] && [ "$device" = cuda ]; then
+    agreement="- not compared: 'barata run' has no --device"
   else
-    echo "no GPU benchmark yet: 'barata bench --device cuda' does not exist"
+    local ok=1
+    timed "barata run ${run_dev[*]} ${dev_threads[*]} -n $n_agree" "$LOGS/run-device.json" \
+      "$LOGS/run-device.log" timeout -k 10 120 "$bin" run -m "$f16" -p "$prompt" -n "$n_agree" \
+      --temp 0 --json --top-logits 2 "${run_dev[@]}" "${dev_threads[@]}" || ok=0
+    timed "barata run ${cpu_dev[*]} -t $(nproc) -n $n_agree" "$LOGS/run-cpu.json" \
+      "$LOGS/run-cpu.log" timeout -k 10 120 "$bin" run -m "$f16" -p "$prompt" -n "$n_agree" \
+      --temp 0 --json --top-logits 2 "${cpu_dev[@]}" -t "$(nproc)" || ok=0
+    if [ "$ok" = 0 ]; then
+      agreement="- not compared: a run failed (run-device.log, run-cpu.log)"
+      rc=1
+    else
+      local gi ci
+      gi="$(json_ids "$LOGS/run-device.json")"
+      ci="$(json_ids "$LOGS/run-cpu.json")"
+      agreement="- prompt \"$prompt\", greedy (\`--temp 0\`), $n_agree tokens, F16 file"$'\n'
+      agreement+="- $dev_name ids: \`$gi\`"$'\n'"- CPU ids: \`$ci\`"$'\n'
+      agreement+="- $dev_name text: \`\` $(json_text "$LOGS/run-device.json") \`\`"$'\n'
+      agreement+="- CPU text: \`\` $(json_text "$LOGS/run-cpu.json") \`\`"$'\n'
+      if [ "$gi" = "$ci" ]; then
+        agreement+="- **equal**: the same $(echo "$gi" | tr ',' '\n' | grep -c .) ids"
+      else
+        local -a ga ca
+        IFS=, read -r -a ga <<<"$gi"
+        IFS=, read -r -a ca <<<"$ci"
+        local i=0
+        while [ "$i" -lt "${#ga[@]}" ] && [ "$i" -lt "${#ca[@]}" ] && [ "${ga[$i]}" = "${ca[$i]}" ]; do
+          i=$((i + 1))
+        done
+        agreement+="- **differ** first at generated token $i: $dev_name ${ga[$i]:-(end)}, CPU ${ca[$i]:-(end)}"$'\n'
+        agreement+="- top-2 (id, logit) there: $dev_name \`$(json_top "$LOGS/run-device.json" "$i")\`, CPU \`$(json_top "$LOGS/run-cpu.json" "$i")\`"
+      fi
+    fi
+  fi
+  printf "%s\n" "$agreement" | sed "s/^/  /"
+
+  # 3. barata bench on each file, sharing what is left of the budget. At the
+  # limit bench gets one SIGINT and prints what it measured (--foreground: a
+  # second SIGINT, which timeout otherwise sends its process group as well,
+  # makes bench exit at once with nothing printed).
+  local sections="" n=${#files[@]} k
+  for k in "${!files[@]}"; do
+    local left tmo name="${names[$k]}"
+    left="$(awk -v a="$t_start" -v b="$(now)" -v B="$budget" 'BEGIN { printf "%d", B - (b - a) }')"
+    tmo=$((left / (n - k)))
+    if [ "$tmo" -lt 15 ]; then tmo=$((left < 15 ? left : 15)); fi
+    if [ "$tmo" -lt 10 ]; then
+      STEP_ROWS+="| barata bench $name | - | skipped: the budget of $budget s is spent |"$'\n'
+      sections+=$'\n'"### $name"$'\n\n'"Not measured: the benchmark's budget of $budget s was spent."$'\n'
+      rc=1
+      continue
+    fi
+    # shellcheck disable=SC2086  # bench_args is a list of flags
+    timed "barata bench $name" "$LOGS/bench-$name.md" "$LOGS/bench-$name.log" \
+      timeout --foreground -s INT -k 15 "$tmo" "$bin" bench -m "${files[$k]}" "${bench_dev[@]}" "${threads[@]}" \
+      $bench_args || rc=1
+    sections+=$'\n'"$(sed -e 's/^#### /##### /' -e 's/^### /#### /' \
+      -e "1s/^## barata bench\$/### $name ($(du -m "${files[$k]}" | cut -f1) MiB)/" "$LOGS/bench-$name.md")"$'\n'
+  done
+
+  # 4. The summary, ready for docs/cuda.md.
+  local gpu cuda
+  gpu="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+  cuda="$(nvcc --version 2>/dev/null | grep -o 'release [^,]*, V[0-9.]*' || echo "no nvcc")"
+  {
+    echo "## Results: ${gpu%%,*}${gpu:+, }$(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    if [ -n "$gpu" ]; then
+      echo "- GPU: ${gpu%%,*}; driver ${gpu#*, }; CUDA: nvcc $cuda"
+    else
+      echo "- GPU: none (a dry run on the CPU); CUDA: nvcc $cuda"
+    fi
+    echo "- host: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ //'), $(nproc) cores"
+    echo "- models: barata_synth \`--preset $tag --seed 0\` (random weights, std 0.02), F16 quantized by \`barata quantize\` to $types"
+    echo "- bench: \`barata bench ${bench_dev[*]} ${threads[*]} $bench_args\` (device $device)"
+    echo
+    echo "### Step times"
+    echo
+    echo "| step | s | result |"
+    echo "|---|---:|---|"
+    printf '%s' "$STEP_ROWS"
+    echo "| benchmark step, all | $(secs_since "$t_start") | |"
+    echo
+    echo "### $dev_name against the CPU: greedy ids"
+    echo
+    echo "$agreement"
+    printf '%s\n' "$sections"
+  } >"$results"
+  echo "  wrote $results ($(secs_since "$t_start") s)"
+  rm -rf "$tmp"
+  return "$rc"
+}
+
+main() {
+  test_rc=0
+  bench_rc=0
+  cd "$ROOT"
+  step "machine"
+  grep -m1 PRETTY_NAME /etc/os-release 2>/dev/null || true
+  echo "cores: $(nproc)  compiler: $(c++ --version 2>/dev/null | head -1 || echo none)"
+  if [ -d /usr/local/cuda/bin ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+  if command -v nvcc >/dev/null; then
+    nvcc --version | tail -1
+  elif [ "$NO_BUILD" = 0 ]; then
+    die "no nvcc on PATH or in /usr/local/cuda/bin"
+  fi
+  if nvidia-smi -L 2>/dev/null; then
+    HAVE_GPU=1
+  else
+    HAVE_GPU=0
+    [ "$ALLOW_NO_GPU" = 1 ] || die "nvidia-smi sees no GPU (use --allow-no-gpu for a dry run)"
+    echo "no GPU: dry run, CUDA tests will skip"
   fi
 
-  step "done: tests exit $test_rc, logs in $LOGS"
-  return "$test_rc"
+  if [ "$NO_BUILD" = 1 ]; then
+    step "no build: using $BUILD"
+    [ -x "$BUILD/barata" ] || die "--no-build: no $BUILD/barata"
+  else
+    build_all
+  fi
+  if [ "$BENCH_ONLY" = 0 ]; then run_tests; fi
+  if [ "$NO_BENCH" = 0 ]; then benchmark || bench_rc=$?; fi
+  step "done: tests exit $test_rc, benchmark exit $bench_rc, logs in $LOGS"
+  [ "$test_rc" = 0 ] || return "$test_rc"
+  return "$bench_rc"
 }
 
 main 2>&1 | tee "$LOGS/gpu-check.log"
