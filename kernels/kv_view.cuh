@@ -11,11 +11,11 @@
 namespace barata::cuda {
 
 struct KvDeviceView {
-  uint16_t* pool = nullptr;            // fp16 bits; block b starts at pool + b * block_elems
-  int64_t block_elems = 0;             // 2 * n_layer * block_tokens * kv_dim
-  int32_t layer = 0;                   // the layer this call reads or writes
-  int32_t kv_dim = 0;                  // n_head_kv * head_dim
-  int32_t block_tokens = 16;           // tokens per block
+  uint16_t* pool = nullptr;               // fp16 bits; block b starts at pool + b * block_elems
+  int64_t block_elems = 0;                // 2 * n_layer * block_tokens * kv_dim
+  int32_t layer = 0;                      // the layer this call reads or writes
+  int32_t kv_dim = 0;                     // n_head_kv * head_dim
+  int32_t block_tokens = 16;              // tokens per block
   const int32_t* block_tables = nullptr;  // device: every sequence's table, concatenated
 };
 
@@ -23,7 +23,8 @@ struct KvDeviceView {
 // `slot` (block id * block_tokens + position within the block).
 __host__ __device__ inline int64_t kv_offset(const KvDeviceView& v, int64_t slot, int kv) {
   const int64_t b = slot / v.block_tokens, t = slot % v.block_tokens;
-  return b * v.block_elems + ((static_cast<int64_t>(v.layer) * 2 + kv) * v.block_tokens + t) * v.kv_dim;
+  return b * v.block_elems +
+         ((static_cast<int64_t>(v.layer) * 2 + kv) * v.block_tokens + t) * v.kv_dim;
 }
 
 // Physical slot of position `pos` of the sequence whose table starts at

@@ -22,11 +22,18 @@ const GgufTensorInfo& require(const GgufFile& f, const std::string& name,
   return *t;
 }
 
-WeightView matrix(const GgufFile& f, const std::string& name, int64_t k, int64_t n_rows) {
+WeightDesc matrix(const GgufFile& f, const std::string& name, int64_t k, int64_t n_rows) {
   const GgufTensorInfo& t = require(f, name, {k, n_rows});
-  if (t.data == nullptr)  // a layout being checked (Model::check_layout)
-    return WeightView{t.type, k, n_rows, nullptr, row_bytes(t.type, k), nullptr};
-  return make_weight_view(t.type, k, n_rows, t.data);
+  WeightDesc w;
+  w.type = t.type;
+  w.k = k;
+  w.n_rows = n_rows;
+  w.row_bytes = row_bytes(t.type, k);
+  if (t.data != nullptr) {  // null: a layout being checked (Model::check_layout)
+    w.data = tensor_rows(t.type, t.data);
+    w.scale = tensor_scale(t.type, t.data);
+  }
+  return w;
 }
 
 // 1-D tensors (norms, biases) are small: convert to float once, whatever the type.
@@ -84,13 +91,32 @@ Model Model::from_gguf(GgufFile file) {
     L.w_up = matrix(f, p + "ffn_up.weight", c.d_model, c.d_ff);
     L.w_down = matrix(f, p + "ffn_down.weight", c.d_ff, c.d_model);
   }
+  m.number_matrices();
   return m;
+}
+
+void Model::number_matrices() {
+  n_matrices_ = 0;
+  token_embd_.id = n_matrices_++;
+  output_.id = cfg_.tied_embeddings ? token_embd_.id : n_matrices_++;
+  for (LayerWeights& L : layers_)
+    for (WeightDesc* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+      w->id = n_matrices_++;
+}
+
+std::vector<const WeightDesc*> Model::matrices() const {
+  std::vector<const WeightDesc*> v{&token_embd_};
+  if (!cfg_.tied_embeddings) v.push_back(&output_);
+  for (const LayerWeights& L : layers_)
+    for (const WeightDesc* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+      v.push_back(w);
+  return v;
 }
 
 void Model::embed(int32_t token, float* out) const {
   if (token < 0 || token >= cfg_.n_vocab)
     fail("token id {} is outside the vocabulary (0..{})", token, cfg_.n_vocab - 1);
-  const WeightView& e = token_embd_;
+  const WeightDesc& e = token_embd_;
   dtype_traits(e.type).dequantize_row(e.data + static_cast<size_t>(token) * e.row_bytes, out, e.k);
   if (e.scale != 1.0f)
     for (int64_t j = 0; j < e.k; ++j) out[j] *= e.scale;
@@ -99,7 +125,7 @@ void Model::embed(int32_t token, float* out) const {
 int64_t Model::weight_bytes() const {
   int64_t b = static_cast<int64_t>(output_.row_bytes) * output_.n_rows;
   for (const auto& L : layers_)
-    for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+    for (const WeightDesc* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
       b += static_cast<int64_t>(w->row_bytes) * w->n_rows;
   return b;
 }

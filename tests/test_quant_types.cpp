@@ -14,7 +14,7 @@
 #include "barata/dtype.h"
 #include "barata/error.h"
 #include "barata/half.h"
-#include "barata/matmul.h"
+#include "cpu/matmul.h"
 #include "barata/quant_blocks.h"
 #include "cpu/thread_pool.h"
 

@@ -103,6 +103,8 @@ struct KvRow {
 
 struct ThreadRun {
   int n_threads = 0;
+  std::string device = "cpu";  // the backend: cpu, cuda
+  DeviceReport report;         // the backend's own account, taken after the tests
   std::vector<PrefillRow> prefill;
   std::vector<DecodeRow> decode;
   CacheResult cache;
@@ -115,6 +117,7 @@ struct ModelInfo {
   int64_t n_layer = 0, d_model = 0, n_head = 0, n_head_kv = 0, head_dim = 0, d_ff = 0;
   int64_t n_vocab = 0, n_ctx = 0;  // n_ctx: the context the engine ran with
   int64_t weight_bytes = 0, kv_bytes_per_token = 0;
+  int64_t matmul_params = 0;  // weights one token multiplies by (every layer's matrices + output)
 };
 
 struct Report {

@@ -1,6 +1,7 @@
-// The forward pass on the CPU: prefill (many tokens of one sequence,
-// matrix-matrix work) and decode (one token for each of B sequences,
-// matrix-vector work), both against the paged fp16 KV cache.
+// The forward pass, one for every backend: prefill (many tokens of one
+// sequence), decode (one token for each of B sequences) or any mix of
+// sequences in one Batch, against the paged fp16 KV cache. The ops run on the
+// backend chosen at construction (include/barata/backend.h).
 #pragma once
 
 #include <cstdint>
@@ -8,17 +9,27 @@
 #include <span>
 #include <vector>
 
+#include "barata/backend.h"
+#include "barata/batch.h"
 #include "barata/kv_cache.h"
 #include "barata/model.h"
 
 namespace barata {
 
-class ThreadPool;
+// Checks a batch against the cache (sequences exist, tokens inside the
+// vocabulary, each sequence's rows continue it, positions inside n_ctx,
+// enough free blocks) and throws barata::Error, changing nothing, when it
+// does not fit. Otherwise appends the rows to their sequences, fills the
+// batch's row metadata and block tables, and adds the copies on write the
+// backend must make to *copies.
+void plan_batch(Batch& batch, KvBlockManager& blocks, int64_t n_ctx, int64_t n_vocab,
+                std::vector<KvBlockManager::Copy>* copies);
 
 struct EngineOptions {
-  int n_threads = 0;         // 0: one per hardware thread
+  int n_threads = 0;         // CPU threads; 0: one per hardware thread
   int64_t n_ctx = 0;         // positions per sequence; 0: the model's training context
   int64_t cache_tokens = 0;  // KV pool size over all sequences; 0: n_ctx
+  DeviceKind device = DeviceKind::kCpu;
 };
 
 class Engine {
@@ -29,19 +40,27 @@ class Engine {
   const Model& model() const { return model_; }
   int64_t n_ctx() const { return n_ctx_; }
   int n_threads() const;
-  PagedKvCache& cache() { return cache_; }
-  ThreadPool& pool() { return *pool_; }
+  Backend& backend() { return *backend_; }
+  const KvBlockManager& blocks() const { return blocks_; }
+  int64_t kv_bytes_per_token() const { return kv_layout_.bytes_per_token(); }
 
-  int new_sequence() { return cache_.new_sequence(); }
-  void free_sequence(int seq) { cache_.free_sequence(seq); }
-  void truncate(int seq, int64_t n) { cache_.truncate(seq, n); }
-  int64_t length(int seq) const { return cache_.length(seq); }
+  int new_sequence() { return blocks_.new_sequence(); }
+  void free_sequence(int seq) { blocks_.free_sequence(seq); }
+  void truncate(int seq, int64_t n) { blocks_.truncate(seq, n); }
+  int fork(int seq) { return blocks_.fork(seq); }
+  int64_t length(int seq) const { return blocks_.length(seq); }
 
   // Appends `tokens` to `seq`. logits receives n_vocab floats for the last
   // token, or n_tokens x n_vocab when all_logits.
   void prefill(int seq, std::span<const int32_t> tokens, float* logits, bool all_logits = false);
   // Appends tokens[i] to seqs[i]; logits receives seqs.size() x n_vocab.
   void decode(std::span<const int> seqs, std::span<const int32_t> tokens, float* logits);
+  // Any batch: each sequence's rows must continue it (positions length,
+  // length + 1, ... in batch order). The batch is checked against the cache
+  // (sequences, tokens, positions, context, free blocks) before anything
+  // changes: a refused batch leaves every sequence as it was. logits
+  // receives batch.n_logits() x n_vocab, in row order.
+  void forward(Batch& batch, float* logits);
 
   // Multiply-accumulates of the last forward call (projections, attention).
   struct Counts {
@@ -50,27 +69,15 @@ class Engine {
   const Counts& last_counts() const { return counts_; }
 
  private:
-  struct Row {
-    int seq;
-    int64_t pos;
-    int32_t token;
-  };
-  void forward(const std::vector<Row>& rows, const std::vector<int>& logit_rows, float* logits);
-  void attention(int64_t layer, const std::vector<Row>& rows);
-  void ensure_scratch(int64_t n_rows);
-  void ensure_rope(int64_t n_pos);  // tables cover positions [0, n_pos)
+  void run(const Batch& batch, float* logits);
 
   const Model& model_;
   int64_t n_ctx_;
-  std::unique_ptr<ThreadPool> pool_;
-  PagedKvCache cache_;
-  std::vector<float> rope_cos_, rope_sin_;  // (positions made so far, rope_dims / 2)
+  KvLayout kv_layout_;
+  KvBlockManager blocks_;
+  std::unique_ptr<Backend> backend_;
   Counts counts_;
-
-  // Scratch, grown to the widest batch seen: (rows, width) each.
-  int64_t scratch_rows_ = 0;
-  std::vector<float> x_, xn_, q_, k_, v_, att_, gate_, up_, out_;
-  PreparedActs acts_f32_, acts_q8_;
+  Batch scratch_batch_;
 };
 
 }  // namespace barata

@@ -1,6 +1,12 @@
-// Paged fp16 KV cache: K and V of every layer live in fixed-size blocks of
-// kBlockTokens tokens, handed to sequences through per-sequence block tables.
-// Blocks are reference-counted so that sequences can share a prefix.
+// The paged fp16 KV cache, in two parts:
+//  - KvBlockManager, on the host for every backend: per-sequence block
+//    tables, reference counts (sequences sharing a prefix), copy on write,
+//    the free list, and whether a sequence has room (can_append);
+//  - a pool of blocks in a backend's memory, allocated once and addressed by
+//    block id (HostKvPool here; the CUDA backend's lives on the device).
+// K and V of every layer live in fixed-size blocks of kBlockTokens tokens,
+// laid out as [layer][K|V][token in block][kv_dim] fp16 values, the same on
+// every backend.
 #pragma once
 
 #include <cstdint>
@@ -9,21 +15,108 @@
 
 namespace barata {
 
-class PagedKvCache {
- public:
-  static constexpr int64_t kBlockTokens = 16;
+inline constexpr int64_t kKvBlockTokens = 16;
 
-  // max_tokens bounds the blocks that may ever be allocated (all sequences).
-  PagedKvCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t max_tokens);
+struct KvLayout {
+  int64_t n_layer = 0;
+  int64_t kv_dim = 0;  // n_head_kv * head_dim
+  int64_t block_elems() const { return 2 * n_layer * kKvBlockTokens * kv_dim; }
+  int64_t bytes_per_block() const { return block_elems() * 2; }
+  int64_t bytes_per_token() const { return bytes_per_block() / kKvBlockTokens; }
+  // Element offset of K (kv = 0) or V (kv = 1) of `layer` at block position t.
+  int64_t offset(int64_t layer, int kv, int64_t t) const {
+    return ((layer * 2 + kv) * kKvBlockTokens + t) * kv_dim;
+  }
+};
+
+class KvBlockManager {
+ public:
+  static constexpr int64_t kBlockTokens = kKvBlockTokens;
+
+  explicit KvBlockManager(int64_t max_blocks);
 
   int new_sequence();                 // an empty sequence; returns its id
   void free_sequence(int seq);        // releases its blocks
   void truncate(int seq, int64_t n);  // keeps the first n tokens
   int fork(int seq);                  // a new sequence sharing seq's blocks (copy on write)
   int64_t length(int seq) const;      // throws barata::Error for a sequence that does not exist
+  bool exists(int seq) const;
 
-  // Makes room for positions [length, length + n) and advances the length;
-  // throws barata::Error when the pool is exhausted.
+  // Blocks that appending n tokens to seq would take from the free list (a
+  // shared partial last block is copied first).
+  int64_t blocks_needed(int seq, int64_t n) const;
+  bool can_append(int seq, int64_t n) const { return blocks_needed(seq, n) <= free_blocks(); }
+
+  // A block whose contents must be copied before the append's writes (copy on write).
+  struct Copy {
+    int32_t from, to;
+  };
+  // Makes room for positions [length, length + n) and advances the length.
+  // Throws barata::Error, changing nothing, when the pool has too few blocks.
+  // The copies the caller must make in the pool are appended to *copies.
+  void append(int seq, int64_t n, std::vector<Copy>* copies);
+
+  const std::vector<int32_t>& table(int seq) const;  // position / kBlockTokens -> block id
+
+  int64_t max_blocks() const { return max_blocks_; }
+  int64_t blocks_in_use() const { return n_in_use_; }
+  int64_t free_blocks() const { return max_blocks_ - n_in_use_; }
+  int64_t max_tokens() const { return max_blocks_ * kBlockTokens; }
+
+ private:
+  struct Sequence {
+    bool live = false;
+    int64_t n_tokens = 0;
+    std::vector<int32_t> blocks;
+  };
+  const Sequence& live(int seq) const;
+  Sequence& live(int seq);
+  int32_t take_block();
+  void release_block(int32_t b);
+
+  int64_t max_blocks_;
+  std::vector<int32_t> refcount_;  // per block id ever used
+  std::vector<int32_t> free_;      // used ids whose refcount fell to 0
+  int64_t n_in_use_ = 0;
+  std::vector<Sequence> seqs_;
+};
+
+// A pool of blocks in host memory: one mapping, made up front and never
+// grown; its pages are committed by the OS only as they are first written, so
+// a large -c costs address space, not memory.
+class HostKvPool {
+ public:
+  HostKvPool(const KvLayout& layout, int64_t n_blocks);
+  ~HostKvPool();
+  HostKvPool(const HostKvPool&) = delete;
+  HostKvPool& operator=(const HostKvPool&) = delete;
+  uint16_t* block(int32_t b) const { return base_ + b * layout_.block_elems(); }
+  void copy(int32_t from, int32_t to);
+  const KvLayout& layout() const { return layout_; }
+  int64_t n_blocks() const { return n_blocks_; }
+  int64_t bytes() const { return n_blocks_ * layout_.bytes_per_block(); }
+
+ private:
+  KvLayout layout_;
+  int64_t n_blocks_;
+  size_t mapped_bytes_ = 0;
+  uint16_t* base_ = nullptr;
+};
+
+// Block manager and host pool together, addressed by (layer, sequence,
+// position): the host-side cache that tools and tests drive directly.
+class PagedKvCache {
+ public:
+  static constexpr int64_t kBlockTokens = kKvBlockTokens;
+
+  // max_tokens bounds the blocks that may ever be used (all sequences).
+  PagedKvCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t max_tokens);
+
+  int new_sequence() { return blocks_.new_sequence(); }
+  void free_sequence(int seq) { blocks_.free_sequence(seq); }
+  void truncate(int seq, int64_t n) { blocks_.truncate(seq, n); }
+  int fork(int seq) { return blocks_.fork(seq); }
+  int64_t length(int seq) const { return blocks_.length(seq); }
   void append(int seq, int64_t n);
 
   // One token's K (or V) of one layer: n_head_kv x head_dim fp16 values.
@@ -32,42 +125,18 @@ class PagedKvCache {
   const uint16_t* k(int64_t layer, int seq, int64_t pos) const { return slot(layer, seq, pos, 0); }
   const uint16_t* v(int64_t layer, int seq, int64_t pos) const { return slot(layer, seq, pos, 1); }
 
-  // K of kBlockTokens consecutive tokens starting at block-aligned pos, as
-  // [token][n_head_kv * head_dim]; same for V.
-  const uint16_t* k_block(int64_t layer, int seq, int64_t pos) const {
-    return slot(layer, seq, pos, 0);
-  }
-  const uint16_t* v_block(int64_t layer, int seq, int64_t pos) const {
-    return slot(layer, seq, pos, 1);
-  }
-
-  int64_t bytes_per_token() const { return block_bytes_ / kBlockTokens; }
-  int64_t bytes_per_block() const { return block_bytes_; }
-  int64_t blocks_in_use() const { return n_blocks_in_use_; }
-  int64_t bytes_allocated() const { return n_blocks_allocated_ * block_bytes_; }
-  int64_t max_tokens() const { return max_blocks_ * kBlockTokens; }
+  int64_t bytes_per_token() const { return pool_.layout().bytes_per_token(); }
+  int64_t bytes_per_block() const { return pool_.layout().bytes_per_block(); }
+  int64_t blocks_in_use() const { return blocks_.blocks_in_use(); }
+  int64_t bytes_allocated() const { return pool_.bytes(); }
+  int64_t max_tokens() const { return blocks_.max_tokens(); }
+  const KvBlockManager& blocks() const { return blocks_; }
 
  private:
-  struct Sequence {
-    bool live = false;
-    int64_t n_tokens = 0;
-    std::vector<int32_t> blocks;  // block table: position / kBlockTokens -> block id
-  };
-  // Throw barata::Error unless seq is a live sequence.
-  const Sequence& live(int seq) const;
-  Sequence& live(int seq);
   uint16_t* slot(int64_t layer, int seq, int64_t pos, int kv) const;
-  int32_t take_block();
-  void release_block(int32_t b);
 
-  int64_t n_layer_, kv_dim_;  // kv_dim = n_head_kv * head_dim
-  int64_t block_bytes_;       // 2 (K,V) x n_layer x kBlockTokens x kv_dim x 2 bytes
-  int64_t max_blocks_;
-  std::vector<std::unique_ptr<uint16_t[]>> blocks_;  // allocated on first use
-  std::vector<int32_t> refcount_;
-  std::vector<int32_t> free_;
-  int64_t n_blocks_allocated_ = 0, n_blocks_in_use_ = 0;
-  std::vector<Sequence> seqs_;
+  KvBlockManager blocks_;
+  HostKvPool pool_;
 };
 
 }  // namespace barata

@@ -1,5 +1,6 @@
-// A loaded model: its config and typed views of every weight, each bound to a
-// matmul kernel at load time.
+// A loaded model: its config and a device-neutral description of every
+// weight (type, shape, row bytes, scale, host bytes). Kernels are bound by a
+// backend (include/barata/backend.h), never here.
 #pragma once
 
 #include <filesystem>
@@ -7,22 +8,36 @@
 #include <vector>
 
 #include "barata/gguf.h"
-#include "barata/matmul.h"
+#include "barata/dtype.h"
 #include "barata/model_config.h"
 
 namespace barata {
 
+// A weight matrix: n_rows rows of k elements, ggml layout (rows contiguous),
+// still in the file's mapping. id numbers the model's matrices 0..n-1, so a
+// backend can keep its own per-weight state in a vector.
+struct WeightDesc {
+  int id = -1;
+  DType type = DType::F32;
+  int64_t k = 0;       // row length (input features)
+  int64_t n_rows = 0;  // output features
+  size_t row_bytes = 0;
+  float scale = 1.0f;  // the matrix's one scale (per-tensor types), applied after the dot
+  const uint8_t* data = nullptr;  // the first row (after any tensor header); null in check_layout
+  int64_t bytes() const { return static_cast<int64_t>(row_bytes) * n_rows; }
+};
+
 struct LayerWeights {
   std::vector<float> attn_norm;   // (d_model)
-  WeightView wq;                  // (n_head * head_dim rows, d_model)
-  WeightView wk;                  // (n_head_kv * head_dim rows, d_model)
-  WeightView wv;                  // (n_head_kv * head_dim rows, d_model)
-  WeightView wo;                  // (d_model rows, n_head * head_dim)
+  WeightDesc wq;                  // (n_head * head_dim rows, d_model)
+  WeightDesc wk;                  // (n_head_kv * head_dim rows, d_model)
+  WeightDesc wv;                  // (n_head_kv * head_dim rows, d_model)
+  WeightDesc wo;                  // (d_model rows, n_head * head_dim)
   std::vector<float> bq, bk, bv;  // (rows of wq / wk / wv), qwen2 only; empty otherwise
   std::vector<float> ffn_norm;    // (d_model)
-  WeightView w_gate;              // (d_ff rows, d_model)
-  WeightView w_up;                // (d_ff rows, d_model)
-  WeightView w_down;              // (d_model rows, d_ff)
+  WeightDesc w_gate;              // (d_ff rows, d_model)
+  WeightDesc w_up;                // (d_ff rows, d_model)
+  WeightDesc w_down;              // (d_model rows, d_ff)
 };
 
 class Model {
@@ -39,8 +54,8 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   const GgufFile& file() const { return file_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
-  const WeightView& token_embd() const { return token_embd_; }  // (n_vocab rows, d_model)
-  const WeightView& output() const {
+  const WeightDesc& token_embd() const { return token_embd_; }  // (n_vocab rows, d_model)
+  const WeightDesc& output() const {
     return output_;
   }  // (n_vocab rows, d_model); token_embd when tied
   const std::vector<float>& output_norm() const { return output_norm_; }  // (d_model)
@@ -48,14 +63,19 @@ class Model {
   // Row `token` of the embedding table as floats (any dtype).
   void embed(int32_t token, float* out) const;
   int64_t weight_bytes() const;  // bytes of every matrix a decode step reads
+  // Every distinct matrix, indexed by WeightDesc::id (a tied output is the embedding).
+  std::vector<const WeightDesc*> matrices() const;
+  int n_matrices() const { return n_matrices_; }
 
  private:
   explicit Model(GgufFile f) : file_(std::move(f)) {}
+  void number_matrices();
   GgufFile file_;
   ModelConfig cfg_;
   std::vector<LayerWeights> layers_;
-  WeightView token_embd_{}, output_{};
+  WeightDesc token_embd_{}, output_{};
   std::vector<float> output_norm_;
+  int n_matrices_ = 0;
 };
 
 }  // namespace barata

@@ -8,7 +8,6 @@
 
 #include "barata/bench.h"
 #include "barata/sampler.h"
-#include "cpu/thread_pool.h"
 #include "timing.h"
 
 namespace barata::bench {
@@ -157,41 +156,17 @@ std::vector<BatchRow> run_batch(Engine& e, const Settings& s, const Hooks& h) {
 RooflineResult run_roofline(Engine& e, const Settings& s, const Hooks& h) {
   RooflineResult r;
   if (h.stopped()) return r;
-  ThreadPool& pool = e.pool();
-  // Bandwidth: every thread sums its contiguous share of a buffer far larger
-  // than any cache; four independent accumulators keep the adds off the
-  // critical path so that the loads are the limit.
+  // Bandwidth: a streaming read over a buffer far larger than any cache, in
+  // the backend's memory (all threads of the CPU pool; the GPU's HBM).
   const int64_t n = std::max<int64_t>(s.bandwidth_bytes / 8, 1 << 16);
   r.buffer_bytes = n * 8;
   h.progress(fmt::format("roofline: touching {} MiB", r.buffer_bytes >> 20));
-  auto buf = std::make_unique<uint64_t[]>(static_cast<size_t>(n));
-  pool.parallel_for(n, [&](int64_t b, int64_t end, int) {
-    for (int64_t i = b; i < end; ++i) buf[i] = static_cast<uint64_t>(i);
-  });
-  std::vector<uint64_t> partial(static_cast<size_t>(pool.size()));
-  auto gb_samples = repeat(s, h, "roofline: streaming read", [&](int) {
-    const auto t0 = Clock::now();
-    pool.parallel_for(
-        n,
-        [&](int64_t b, int64_t end, int t) {
-          uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-          int64_t i = b;
-          for (; i + 4 <= end; i += 4) {
-            a0 += buf[i];
-            a1 += buf[i + 1];
-            a2 += buf[i + 2];
-            a3 += buf[i + 3];
-          }
-          for (; i < end; ++i) a0 += buf[i];
-          partial[static_cast<size_t>(t)] += a0 + a1 + a2 + a3;
-        },
-        1 << 12);
-    const double ms = ms_since(t0);
-    return static_cast<double>(r.buffer_bytes) / (ms * 1e6);
-  });
-  volatile uint64_t sink = 0;
-  for (uint64_t p : partial) sink = sink + p;
-  buf.reset();
+  std::vector<double> gb_samples;
+  {
+    auto probe = e.backend().bandwidth_probe(r.buffer_bytes);
+    gb_samples =
+        repeat(s, h, "roofline: streaming read", [&](int) { return probe->run_gb_per_s(); });
+  }
   if (gb_samples.empty()) return r;
   r.bandwidth_gb_per_s = summarize(gb_samples);
 

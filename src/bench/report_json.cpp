@@ -59,6 +59,14 @@ json run_json(const ThreadRun& t) {
                    {"n_cached", b.n_cached},
                    {"step_ms", stat_json(b.step_ms)},
                    {"tokens_per_s", stat_json(b.tokens_per_s)}});
+  j["device"] = {{"kind", t.device},
+                 {"name", t.report.name},
+                 {"peak_gb_per_s", t.report.peak_gb_per_s},
+                 {"peak_fp16_tflops", t.report.peak_fp16_tflops},
+                 {"weight_bytes", t.report.weight_bytes},
+                 {"kv_pool_bytes", t.report.kv_pool_bytes},
+                 {"peak_bytes", t.report.peak_bytes},
+                 {"notes", t.report.notes}};
   const RooflineResult& f = t.roofline;
   if (f.ran) {
     j["roofline"] = {{"buffer_bytes", f.buffer_bytes},

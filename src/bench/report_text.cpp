@@ -170,6 +170,56 @@ void roofline_md(std::string& o, const Report& r) {
   }
 }
 
+// What the backend holds and the peaks it runs against: the fraction of the
+// memory bandwidth decode reaches, and of the fp16 tensor peak prefill does.
+void device_md(std::string& o, const Report& r) {
+  bool any = false;
+  for (const ThreadRun& t : r.runs) any = any || t.device != "cpu";
+  if (!any) return;
+  const ModelInfo& m = r.model;
+  o += "\n### Device\n\n";
+  for (const ThreadRun& t : r.runs) {
+    const DeviceReport& d = t.report;
+    o += fmt::format("- {}: {}\n", t.device, d.name);
+    if (d.peak_gb_per_s > 0)
+      o += fmt::format(
+          "  - peak memory bandwidth {:.0f} GB/s (memory clock x bus width); dense "
+          "fp16 tensor peak {:.0f} TFLOP/s\n",
+          d.peak_gb_per_s, d.peak_fp16_tflops);
+    const int64_t pool_tokens =
+        m.kv_bytes_per_token > 0 ? d.kv_pool_bytes / m.kv_bytes_per_token : 0;
+    o += fmt::format(
+        "  - weights on the device {}; KV pool {} for {} tokens: {} bytes per token "
+        "measured from the pool, {} by the formula\n",
+        si(d.weight_bytes, "B"), si(d.kv_pool_bytes, "B"), pool_tokens,
+        pool_tokens > 0 ? d.kv_pool_bytes / pool_tokens : 0, m.kv_bytes_per_token);
+    if (d.peak_bytes > 0)
+      o += fmt::format(
+          "  - peak device memory allocated by barata {} (weights, KV pool, "
+          "activations and workspaces)\n",
+          si(d.peak_bytes, "B"));
+    for (const std::string& n : d.notes) o += fmt::format("  - note: {}\n", n);
+    if (t.roofline.ran && d.peak_gb_per_s > 0)
+      o += fmt::format("  - decode at C={}: weights {:.0f} GB/s = {:.0f}% of the peak bandwidth\n",
+                       t.roofline.n_cached, t.roofline.weight_gb_per_s,
+                       100 * t.roofline.weight_gb_per_s / d.peak_gb_per_s);
+    for (const PrefillRow& p : t.prefill) {
+      // 2 flops per multiply-accumulate: every matrix for each token (the
+      // output only for the last), plus causal attention's QK and PV.
+      const double P = static_cast<double>(p.n_tokens);
+      const double proj = 2.0 * P * static_cast<double>(m.matmul_params - m.n_vocab * m.d_model) +
+                          2.0 * static_cast<double>(m.n_vocab * m.d_model);
+      const double attn = 2.0 * 2.0 * (P * (P + 1) / 2) * static_cast<double>(m.head_dim) *
+                          static_cast<double>(m.n_head * m.n_layer);
+      const double tflops = (proj + attn) / (p.ms.median * 1e-3) / 1e12;
+      o += fmt::format("  - prefill P={}: {:.2f} TFLOP/s{}\n", p.n_tokens, tflops,
+                       d.peak_fp16_tflops > 0 ? fmt::format(" = {:.1f}% of the fp16 tensor peak",
+                                                            100 * tflops / d.peak_fp16_tflops)
+                                              : "");
+    }
+  }
+}
+
 bool has(const Report& r, const char* test) {
   return std::find(r.tests.begin(), r.tests.end(), test) != r.tests.end();
 }
@@ -199,6 +249,7 @@ std::string to_markdown(const Report& r) {
   if (has(r, "kv")) kv_md(o, r);
   if (has(r, "batch")) batch_md(o, r);
   if (has(r, "roofline")) roofline_md(o, r);
+  device_md(o, r);
   return o;
 }
 

@@ -47,6 +47,8 @@ ModelInfo model_info(const Model& model, const std::string& path, int64_t n_ctx)
   m.n_ctx = n_ctx;
   m.weight_bytes = model.weight_bytes();
   m.kv_bytes_per_token = c.kv_bytes_per_token();
+  for (const WeightDesc* w : model.matrices())
+    if (w->id != model.token_embd().id || c.tied_embeddings) m.matmul_params += w->k * w->n_rows;
   return m;
 }
 

@@ -8,7 +8,7 @@
 
 #include "barata/half.h"
 #include "barata/quant_blocks.h"
-#include "barata/matmul.h"
+#include "cpu/matmul.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>

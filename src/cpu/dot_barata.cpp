@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "barata/half.h"
-#include "barata/matmul.h"
+#include "cpu/matmul.h"
 #include "barata/quant_blocks.h"
 #include "dot.h"
 #include "simd.h"

@@ -1,5 +1,5 @@
 // Registry of CPU matmul kernels and the drivers that run them over threads.
-#include "barata/matmul.h"
+#include "cpu/matmul.h"
 
 #include <algorithm>
 #include <array>

@@ -38,6 +38,7 @@ struct BenchArgs {
   std::vector<std::string> tests = kTests;
   int64_t n_ctx = 0;
   int64_t bandwidth_mib = 1024;
+  std::string device = "cpu";
   bool json = false, csv = false, md = false;
   Settings s;
 };
@@ -234,7 +235,10 @@ int run(BenchArgs& a) {
   try {
     for (int t : threads) {
       if (g_stop) break;
-      Engine engine(model, {.n_threads = t, .n_ctx = n_ctx, .cache_tokens = cache_tokens});
+      Engine engine(model, {.n_threads = t,
+                            .n_ctx = n_ctx,
+                            .cache_tokens = cache_tokens,
+                            .device = parse_device(a.device).value_or(DeviceKind::kCpu)});
       progress.set_threads(engine.n_threads());
       rep.threads.push_back(engine.n_threads());
       bench::ThreadRun& run = rep.runs.emplace_back();
@@ -244,6 +248,8 @@ int run(BenchArgs& a) {
       if (wants(a, "cache")) run.cache = bench::run_cache(engine, prompt, s, hooks);
       if (wants(a, "batch")) run.batch = bench::run_batch(engine, s, hooks);
       if (wants(a, "roofline")) run.roofline = bench::run_roofline(engine, s, hooks);
+      run.device = device_name(engine.backend().kind());
+      run.report = engine.backend().report();
     }
   } catch (const std::bad_alloc&) {
     // What the estimate above cannot see: the rest of the machine.
@@ -285,6 +291,8 @@ Command add_bench(CLI::App& app) {
   sub->add_option("-m,--model", a->model,
                   "GGUF file (default: the model scripts/fetch-model.sh fetches)")
       ->check(CLI::ExistingFile);
+  sub->add_option("--device", a->device, "Backend: cpu or cuda (default: cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("-t,--threads", a->threads, "Thread counts, e.g. 1,2 (everything runs per count)")
       ->delimiter(',')
       ->check(CLI::Range(1, 1024));

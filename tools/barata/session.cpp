@@ -70,6 +70,12 @@ void add_model_options(CLI::App* sub, ModelOptions& o) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   sub->add_option("-t,--threads", o.n_threads, "Threads (default: hardware threads)")
       ->check(CLI::Range(1, 1024));
+  sub->add_option("--device", o.device, "Backend: cpu or cuda (default: cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_option(
+         "--kv-tokens", o.kv_tokens,
+         "Tokens of KV cache allocated once, over all sequences (default: the context size)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 32));
 }
 
 void add_sampling_options(CLI::App* sub, SamplerOptions& s) {
@@ -93,7 +99,10 @@ Session::Session(const ModelOptions& o)
       model(Model::load(path)),
       tok(Tokenizer::from_gguf(model.file())),
       n_ctx(o.n_ctx > 0 ? o.n_ctx : std::min<int64_t>(model.config().n_ctx_train, 4096)),
-      engine(model, {.n_threads = o.n_threads, .n_ctx = n_ctx}),
+      engine(model, {.n_threads = o.n_threads,
+                     .n_ctx = n_ctx,
+                     .cache_tokens = o.kv_tokens,
+                     .device = parse_device(o.device).value_or(DeviceKind::kCpu)}),
       load_ms(ms_since(t_start)) {}
 
 ChatFamily choose_chat_family(const std::string& name, const Session& s) {

@@ -27,11 +27,13 @@ namespace barata::cli {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t);
 
-// -m, -c, -t.
+// -m, -c, -t, --device.
 struct ModelOptions {
   std::string model;  // "" = the default model
   int64_t n_ctx = 0;  // 0 = the model's training context, at most 4096
   int n_threads = 0;  // 0 = hardware threads
+  std::string device = "cpu";
+  int64_t kv_tokens = 0;  // KV pool over all sequences; 0 = the context size
 };
 void add_model_options(CLI::App* sub, ModelOptions& o);
 

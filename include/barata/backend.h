@@ -1,0 +1,103 @@
+// The seam between the one forward pass (Engine::forward) and the hardware
+// that runs it. A backend is chosen once, when the engine is made
+// (--device cpu|cuda); prepare() uploads the weights in their stored type,
+// binds one kernel per weight and allocates the KV pool, once. The forward
+// then calls the ops below, in order, on buffers the backend owns.
+//
+// Activations are fp32 row-major (batch rows x width). Every op works on the
+// batch of the last begin(): its rows, positions and cache slots.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "barata/batch.h"
+#include "barata/kv_cache.h"
+#include "barata/model.h"
+
+namespace barata {
+
+enum class DeviceKind { kCpu, kCuda };
+const char* device_name(DeviceKind d);                          // "cpu", "cuda"
+std::optional<DeviceKind> parse_device(std::string_view name);  // "cpu", "cuda"
+
+struct BackendOptions {
+  DeviceKind device = DeviceKind::kCpu;
+  int n_threads = 0;  // CPU: 0 = one per hardware thread; CUDA: host threads (unused)
+};
+
+// The activation buffers of the forward pass.
+enum class Act { kX, kXn, kQ, kK, kV, kAtt, kGate, kUp, kOut, kCount };
+
+// What a backend tells bench: its device, memory and peaks.
+struct DeviceReport {
+  std::string name;                // "cpu: 2 threads, avx2" or the GPU's name
+  double peak_gb_per_s = 0;        // memory bandwidth from the spec sheet (0: unknown)
+  double peak_fp16_tflops = 0;     // dense fp16 tensor peak (0: unknown)
+  int64_t weight_bytes = 0;        // what prepare() holds for the weights
+  int64_t kv_pool_bytes = 0;       // the pool allocated for the KV cache
+  int64_t peak_bytes = 0;          // device memory in use at its peak (0: not measured)
+  std::vector<std::string> notes;  // e.g. weight types that took a slower path
+};
+
+// A streaming read over a buffer in the backend's memory (bench's roofline).
+class BandwidthProbe {
+ public:
+  virtual ~BandwidthProbe() = default;
+  virtual double run_gb_per_s() = 0;  // one timed pass
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual int n_threads() const { return 1; }
+
+  // Binds and uploads the weights and allocates the pool of n_blocks KV
+  // blocks and scratch for n_ctx positions. Throws barata::Error (what is
+  // needed, what is free) before allocating anything when it cannot fit.
+  virtual void prepare(const Model& model, const KvLayout& kv, int64_t n_blocks, int64_t n_ctx) = 0;
+
+  // The batch every following op works on (metadata uploaded here), and the
+  // activation buffers sized for it.
+  virtual void begin(const Batch& batch) = 0;
+  virtual float* act(Act a) = 0;
+
+  virtual void embed(float* x) = 0;  // x = rows of the embedding table for the batch's tokens
+  // y = rmsnorm(x) * w, row by row (width d), for every batch row.
+  virtual void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t d) = 0;
+  // y = x W^T for every batch row (the backend picks GEMV or GEMM from the width).
+  virtual void matmul(const WeightDesc& w, const float* x, float* y) = 0;
+  virtual void add_bias(float* y, const std::vector<float>& b) = 0;  // per row
+  // RoPE on q and k, then k and v stored into the batch's cache slots of `layer`.
+  virtual void rope_kv(int64_t layer, float* q, float* k, const float* v) = 0;
+  // Causal attention of every row against its sequence's cache of `layer`.
+  virtual void attention(int64_t layer, const float* q, float* out) = 0;
+  virtual void swiglu(float* gate, const float* up, int64_t n) = 0;  // gate = silu(gate) * up
+  virtual void add(float* x, const float* y, int64_t n) = 0;         // x += y
+  // Final norm of the rows that want logits, the output matmul, and the
+  // logits (batch.logit_rows.size() x n_vocab) copied to the host.
+  virtual void logits(const float* x, float* host_logits) = 0;
+
+  // Activation transfers (tests and debugging): n floats.
+  virtual void to_device(float* dst, const float* host, int64_t n) = 0;
+  virtual void to_host(float* host, const float* src, int64_t n) = 0;
+  // K or V (kv = 0 / 1) of `layer` at a physical cache slot, kv_dim fp16 values, to the host.
+  virtual void kv_to_host(int64_t layer, int kv, int32_t slot, uint16_t* host) = 0;
+
+  virtual void copy_kv_blocks(const std::vector<KvBlockManager::Copy>& copies) = 0;
+  virtual void synchronize() = 0;
+
+  virtual DeviceReport report() const = 0;
+  virtual std::unique_ptr<BandwidthProbe> bandwidth_probe(int64_t bytes) = 0;
+};
+
+// The backend for opts.device. CUDA in a build without it, or on a machine
+// without a usable GPU, is one barata::Error saying why.
+std::unique_ptr<Backend> make_backend(const BackendOptions& opts);
+
+}  // namespace barata

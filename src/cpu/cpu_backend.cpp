@@ -1,0 +1,348 @@
+#include "cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "barata/error.h"
+#include "barata/half.h"
+#include "cpu/dot.h"
+#include "cpu/matmul.h"
+#include "cpu/thread_pool.h"
+
+namespace barata {
+namespace {
+
+// y = x / sqrt(mean(x^2) + eps) * w; the sum in double, as llama.cpp does.
+void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float scale = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(n)) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
+class CpuBandwidthProbe final : public BandwidthProbe {
+ public:
+  CpuBandwidthProbe(ThreadPool& pool, int64_t bytes)
+      : pool_(pool), n_(std::max<int64_t>(bytes / 8, 1 << 16)) {
+    buf_ = std::make_unique<uint64_t[]>(static_cast<size_t>(n_));
+    pool_.parallel_for(n_, [&](int64_t b, int64_t end, int) {
+      for (int64_t i = b; i < end; ++i) buf_[i] = static_cast<uint64_t>(i);
+    });
+    partial_.assign(static_cast<size_t>(pool_.size()), 0);
+  }
+  ~CpuBandwidthProbe() override {
+    volatile uint64_t sink = 0;
+    for (uint64_t p : partial_) sink = sink + p;
+  }
+  // Every thread sums its contiguous share; four independent accumulators
+  // keep the adds off the critical path so that the loads are the limit.
+  double run_gb_per_s() override {
+    const auto t0 = std::chrono::steady_clock::now();
+    pool_.parallel_for(
+        n_,
+        [&](int64_t b, int64_t end, int t) {
+          uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+          int64_t i = b;
+          for (; i + 4 <= end; i += 4) {
+            a0 += buf_[i];
+            a1 += buf_[i + 1];
+            a2 += buf_[i + 2];
+            a3 += buf_[i + 3];
+          }
+          for (; i < end; ++i) a0 += buf_[i];
+          partial_[static_cast<size_t>(t)] += a0 + a1 + a2 + a3;
+        },
+        1 << 12);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return static_cast<double>(n_ * 8) / (ms * 1e6);
+  }
+
+ private:
+  ThreadPool& pool_;
+  int64_t n_;
+  std::unique_ptr<uint64_t[]> buf_;
+  std::vector<uint64_t> partial_;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int n_threads)
+      : pool_(std::make_unique<ThreadPool>(n_threads > 0 ? n_threads
+                                                         : ThreadPool::default_threads())) {}
+
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  int n_threads() const override { return pool_->size(); }
+
+  void prepare(const Model& model, const KvLayout& kv, int64_t n_blocks, int64_t n_ctx) override {
+    model_ = &model;
+    n_ctx_ = n_ctx;
+    views_.assign(static_cast<size_t>(model.n_matrices()), WeightView{});
+    for (const WeightDesc* w : model.matrices())
+      views_[static_cast<size_t>(w->id)] = WeightView{
+          w->type, w->k, w->n_rows, w->data, w->row_bytes, &cpu_matmul_kernel(w->type, w->k),
+          w->scale};
+    pool_kv_ = std::make_unique<HostKvPool>(kv, n_blocks);
+  }
+
+  void begin(const Batch& batch) override {
+    batch_ = &batch;
+    ensure_scratch(batch.size());
+    ensure_rope(batch.max_pos + 1);
+    acts_f32_.source = acts_q8_.source = nullptr;
+  }
+
+  float* act(Act a) override { return bufs_[static_cast<size_t>(a)].data(); }
+
+  void embed(float* x) override {
+    const int64_t d = model_->config().d_model;
+    for (int64_t t = 0; t < batch_->size(); ++t) model_->embed(batch_->tokens[t], x + t * d);
+    wrote(x);
+  }
+
+  void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t d) override {
+    const float eps = model_->config().norm_eps;
+    for (int64_t t = 0; t < batch_->size(); ++t)
+      rms_norm_row(x + t * d, w.data(), y + t * d, d, eps);
+    wrote(y);
+  }
+
+  void matmul(const WeightDesc& desc, const float* x, float* y) override {
+    const WeightView& w = views_[static_cast<size_t>(desc.id)];
+    barata::matmul(*pool_, w, acts_for(w, x), y, w.n_rows);
+    wrote(y);
+  }
+
+  void add_bias(float* y, const std::vector<float>& b) override {
+    const int64_t n = static_cast<int64_t>(b.size());
+    for (int64_t t = 0; t < batch_->size(); ++t)
+      for (int64_t i = 0; i < n; ++i) y[t * n + i] += b[i];
+    wrote(y);
+  }
+
+  void rope_kv(int64_t layer, float* q, float* k, const float* v) override;
+  void attention(int64_t layer, const float* q, float* out) override;
+
+  void swiglu(float* gate, const float* up, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = gate[i];
+      gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+    wrote(gate);
+  }
+
+  void add(float* x, const float* y, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+    wrote(x);
+  }
+
+  void logits(const float* x, float* host_logits) override {
+    const ModelConfig& c = model_->config();
+    const int64_t d = c.d_model;
+    const int64_t n_out = static_cast<int64_t>(batch_->logit_rows.size());
+    float* xn = act(Act::kXn);
+    for (int64_t i = 0; i < n_out; ++i)
+      rms_norm_row(x + batch_->logit_rows[i] * d, model_->output_norm().data(), xn + i * d, d,
+                   c.norm_eps);
+    wrote(xn);
+    const WeightView& out = views_[static_cast<size_t>(model_->output().id)];
+    PreparedActs a;
+    prepare_acts(*pool_, out.kernel->act, xn, n_out, d, a);
+    barata::matmul(*pool_, out, a, host_logits, out.n_rows);
+  }
+
+  void to_device(float* dst, const float* host, int64_t n) override {
+    std::memcpy(dst, host, static_cast<size_t>(n) * sizeof(float));
+    wrote(dst);
+  }
+  void to_host(float* host, const float* src, int64_t n) override {
+    std::memcpy(host, src, static_cast<size_t>(n) * sizeof(float));
+  }
+  void kv_to_host(int64_t layer, int kv, int32_t slot, uint16_t* host) override {
+    const KvLayout& L = pool_kv_->layout();
+    const uint16_t* p = pool_kv_->block(slot / static_cast<int32_t>(kKvBlockTokens)) +
+                        L.offset(layer, kv, slot % kKvBlockTokens);
+    std::memcpy(host, p, static_cast<size_t>(L.kv_dim) * 2);
+  }
+
+  void copy_kv_blocks(const std::vector<KvBlockManager::Copy>& copies) override {
+    for (const auto& c : copies) pool_kv_->copy(c.from, c.to);
+  }
+  void synchronize() override {}
+
+  DeviceReport report() const override {
+    DeviceReport r;
+    r.name = "cpu: " + std::to_string(pool_->size()) + " threads";
+    r.weight_bytes = model_ ? model_->weight_bytes() : 0;
+    r.kv_pool_bytes = pool_kv_ ? pool_kv_->bytes() : 0;
+    return r;
+  }
+
+  std::unique_ptr<BandwidthProbe> bandwidth_probe(int64_t bytes) override {
+    return std::make_unique<CpuBandwidthProbe>(*pool_, bytes);
+  }
+
+ private:
+  // Converts the activations once per format that the next weights want:
+  // q, k and v (gate and up) share one conversion. Any op that writes a
+  // buffer drops the conversion made from it.
+  const PreparedActs& acts_for(const WeightView& w, const float* x) {
+    PreparedActs& a = w.kernel->act == ActFormat::kQ8 ? acts_q8_ : acts_f32_;
+    const int64_t T = batch_->size();
+    if (a.data == nullptr || a.n_tokens != T || a.k != w.k || a.source != x)
+      prepare_acts(*pool_, w.kernel->act, x, T, w.k, a);
+    a.source = x;
+    return a;
+  }
+  void wrote(const float* p) {
+    if (acts_f32_.source == p) acts_f32_.source = nullptr;
+    if (acts_q8_.source == p) acts_q8_.source = nullptr;
+  }
+
+  void ensure_scratch(int64_t n);
+  void ensure_rope(int64_t n_pos);
+
+  std::unique_ptr<ThreadPool> pool_;
+  const Model* model_ = nullptr;
+  int64_t n_ctx_ = 0;
+  std::vector<WeightView> views_;  // by WeightDesc::id
+  std::unique_ptr<HostKvPool> pool_kv_;
+  const Batch* batch_ = nullptr;
+  int64_t scratch_rows_ = 0;
+  std::vector<float> bufs_[static_cast<size_t>(Act::kCount)];
+  std::vector<float> rope_cos_, rope_sin_;  // (positions made so far, rope_dims / 2)
+  PreparedActs acts_f32_, acts_q8_;
+};
+
+void CpuBackend::ensure_scratch(int64_t n) {
+  if (n <= scratch_rows_) return;
+  const ModelConfig& c = model_->config();
+  const auto sz = [n](int64_t w) { return static_cast<size_t>(n * w); };
+  const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
+  auto set = [&](Act a, int64_t w) { bufs_[static_cast<size_t>(a)].resize(sz(w)); };
+  set(Act::kX, c.d_model);
+  set(Act::kXn, std::max(c.d_model, c.d_ff));
+  set(Act::kQ, q_dim);
+  set(Act::kK, kv_dim);
+  set(Act::kV, kv_dim);
+  set(Act::kAtt, q_dim);
+  set(Act::kGate, c.d_ff);
+  set(Act::kUp, c.d_ff);
+  set(Act::kOut, c.d_model);
+  scratch_rows_ = n;
+  acts_f32_.source = acts_q8_.source = nullptr;  // buffers may have moved
+}
+
+// RoPE angles: theta_i = pos * base^(-2i / rope_dims), in double then rounded.
+// Grown as positions are reached (doubling, at most n_ctx): a large -c costs
+// nothing up front, and each position's values are the same whenever made.
+void CpuBackend::ensure_rope(int64_t n_pos) {
+  const ModelConfig& c = model_->config();
+  const int64_t half = c.rope_dims / 2;
+  const int64_t have = static_cast<int64_t>(rope_cos_.size()) / half;
+  if (n_pos <= have) return;
+  const int64_t want = std::min(n_ctx_, std::max({n_pos, 2 * have, int64_t{256}}));
+  rope_cos_.resize(static_cast<size_t>(want * half));
+  rope_sin_.resize(rope_cos_.size());
+  for (int64_t p = have; p < want; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double theta =
+          static_cast<double>(p) *
+          std::pow(static_cast<double>(c.rope_base), -2.0 * static_cast<double>(i) / c.rope_dims);
+      rope_cos_[p * half + i] = static_cast<float>(std::cos(theta));
+      rope_sin_[p * half + i] = static_cast<float>(std::sin(theta));
+    }
+  }
+}
+
+void CpuBackend::rope_kv(int64_t layer, float* q, float* k, const float* v) {
+  const ModelConfig& c = model_->config();
+  const int64_t T = batch_->size();
+  const int64_t hd = c.head_dim, q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
+  const int64_t half = c.rope_dims / 2;
+  const bool neox = c.rope_style == RopeStyle::kNeox;
+  const KvLayout& L = pool_kv_->layout();
+
+  // RoPE on q and k, in place. Normal style rotates pairs (2i, 2i+1); NeoX
+  // rotates (i, i + rope_dims/2).
+  auto rope = [&](float* x, int64_t pos) {
+    const float* cs = rope_cos_.data() + pos * half;
+    const float* sn = rope_sin_.data() + pos * half;
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+      const float x0 = x[a], x1 = x[b];
+      x[a] = x0 * cs[i] - x1 * sn[i];
+      x[b] = x0 * sn[i] + x1 * cs[i];
+    }
+  };
+  for (int64_t t = 0; t < T; ++t) {
+    const BatchRowMeta& r = batch_->rows[static_cast<size_t>(t)];
+    for (int64_t h = 0; h < c.n_head; ++h) rope(q + t * q_dim + h * hd, r.pos);
+    for (int64_t h = 0; h < c.n_head_kv; ++h) rope(k + t * kv_dim + h * hd, r.pos);
+    uint16_t* block = pool_kv_->block(r.slot / static_cast<int32_t>(kKvBlockTokens));
+    uint16_t* kc = block + L.offset(layer, 0, r.slot % kKvBlockTokens);
+    uint16_t* vc = block + L.offset(layer, 1, r.slot % kKvBlockTokens);
+    for (int64_t i = 0; i < kv_dim; ++i) {
+      kc[i] = fp32_to_fp16(k[t * kv_dim + i]);
+      vc[i] = fp32_to_fp16(v[t * kv_dim + i]);
+    }
+  }
+  wrote(q);
+  wrote(k);
+}
+
+void CpuBackend::attention(int64_t layer, const float* q_all, float* att) {
+  const ModelConfig& c = model_->config();
+  const int64_t T = batch_->size();
+  const int64_t hd = c.head_dim, q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
+  const int64_t group = c.n_head / c.n_head_kv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  constexpr int64_t B = kKvBlockTokens;
+  const KvLayout& L = pool_kv_->layout();
+  const Batch& batch = *batch_;
+
+  pool_->parallel_for(T * c.n_head, [&](int64_t i0, int64_t i1, int) {
+    thread_local std::vector<float> scores;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / c.n_head, h = i % c.n_head, kvh = h / group;
+      const BatchRowMeta& r = batch.rows[static_cast<size_t>(t)];
+      const int32_t* table = batch.block_tables.data() + r.table;
+      const int64_t n = static_cast<int64_t>(r.pos) + 1;
+      if (static_cast<int64_t>(scores.size()) < n) scores.resize(static_cast<size_t>(n));
+      const float* q = q_all + t * q_dim + h * hd;
+      float mx = -INFINITY;
+      for (int64_t b0 = 0; b0 < n; b0 += B) {
+        const uint16_t* kb = pool_kv_->block(table[b0 / B]) + L.offset(layer, 0, 0) + kvh * hd;
+        for (int64_t j = 0; j < std::min(B, n - b0); ++j) {
+          const float s = dot_f16_f32(kb + j * kv_dim, q, hd) * scale;
+          scores[b0 + j] = s;
+          mx = std::max(mx, s);
+        }
+      }
+      float sum = 0.0f;
+      for (int64_t j = 0; j < n; ++j) {
+        scores[j] = std::exp(scores[j] - mx);
+        sum += scores[j];
+      }
+      const float inv = 1.0f / sum;
+      float* o = att + t * q_dim + h * hd;
+      std::fill(o, o + hd, 0.0f);
+      for (int64_t b0 = 0; b0 < n; b0 += B) {
+        const uint16_t* vb = pool_kv_->block(table[b0 / B]) + L.offset(layer, 1, 0) + kvh * hd;
+        for (int64_t j = 0; j < std::min(B, n - b0); ++j)
+          axpy_f16(scores[b0 + j] * inv, vb + j * kv_dim, o, hd);
+      }
+    }
+  });
+  wrote(att);
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
+  return std::make_unique<CpuBackend>(n_threads);
+}
+
+}  // namespace barata

@@ -1,0 +1,726 @@
+#include "cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "argmax.cuh"
+#include "attention.cuh"
+#include "barata/error.h"
+#include "barata/half.h"
+#include "dequant.cuh"
+#include "device.cuh"
+#include "elementwise.cuh"
+#include "embed.cuh"
+#include "gemv.cuh"
+#include "rmsnorm.cuh"
+#include "rope_kv.cuh"
+
+namespace barata {
+namespace {
+
+using namespace barata::cuda;
+
+// Host-side runtime calls: a failure is one barata::Error naming the call.
+#define BARATA_CUDA_CHECK(expr)                                               \
+  do {                                                                        \
+    const cudaError_t barata_err_ = (expr);                                   \
+    if (barata_err_ != cudaSuccess)                                           \
+      fail("CUDA: {} ({}) from {} at {}:{}", cudaGetErrorString(barata_err_), \
+           cudaGetErrorName(barata_err_), #expr, __FILE__, __LINE__);         \
+  } while (0)
+
+const char* cublas_status_name(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default:
+      return "cuBLAS error";
+  }
+}
+
+#define BARATA_CUBLAS_CHECK(expr, what)                                                     \
+  do {                                                                                      \
+    const cublasStatus_t barata_st_ = (expr);                                               \
+    if (barata_st_ != CUBLAS_STATUS_SUCCESS)                                                \
+      fail("CUDA: cuBLAS {} failed: {} ({})", what, cublas_status_name(barata_st_), #expr); \
+  } while (0)
+
+std::string mib(int64_t bytes) {
+  return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB";
+}
+
+bool env_on(const char* name, bool dflt) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return dflt;
+  return std::strcmp(v, "0") != 0;
+}
+
+// Dense fp16 tensor-core FLOPs per SM per clock (fp32 accumulate), from the
+// vendors' architecture whitepapers; 0 where barata does not know the chip.
+double fp16_flops_per_sm_clock(int major, int minor) {
+  if (major == 9) return 4096;                 // Hopper (H100/H200)
+  if (major == 8 && minor == 0) return 2048;   // A100
+  if (major == 8 || major == 12) return 1024;  // Ampere/Ada/Blackwell consumer parts
+  if (major == 10) return 8192;                // Blackwell data-centre parts
+  return 0;
+}
+
+// Device memory the backend owns, counted so that bench can report its peak.
+class DeviceArena {
+ public:
+  void* alloc(int64_t bytes, const std::string& what) {
+    if (bytes <= 0) return nullptr;
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(bytes));
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      fail("CUDA: cannot allocate {} for {}: {} ({} of {} free)", mib(bytes), what,
+           cudaGetErrorString(err), mib(static_cast<int64_t>(free_b)),
+           mib(static_cast<int64_t>(total_b)));
+    }
+    sizes_[p] = bytes;
+    live_ += bytes;
+    peak_ = std::max(peak_, live_);
+    return p;
+  }
+  void free(void* p) {
+    if (p == nullptr) return;
+    auto it = sizes_.find(p);
+    if (it != sizes_.end()) {
+      live_ -= it->second;
+      sizes_.erase(it);
+    }
+    cudaFree(p);
+  }
+  ~DeviceArena() {
+    for (auto& [p, n] : sizes_) cudaFree(p);
+  }
+  int64_t live() const { return live_; }
+  int64_t peak() const { return peak_; }
+
+ private:
+  std::unordered_map<void*, int64_t> sizes_;
+  int64_t live_ = 0, peak_ = 0;
+};
+
+// A device buffer that grows (never shrinks) and says when it moved.
+struct Grow {
+  void* p = nullptr;
+  int64_t bytes = 0;
+  bool ensure(DeviceArena& a, int64_t want, const char* what) {
+    if (want <= bytes) return false;
+    a.free(p);
+    p = a.alloc(want, what);
+    bytes = want;
+    return true;
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+struct DevWeight {
+  DType type = DType::F32;  // as stored on the device (F16 when converted at upload)
+  const void* data = nullptr;
+  size_t row_bytes = 0;
+  int64_t k = 0, n_rows = 0;
+  float scale = 1.0f;
+  bool converted = false;  // dequantized to F16 on the host at upload
+};
+
+class CudaBandwidthProbe final : public BandwidthProbe {
+ public:
+  CudaBandwidthProbe(DeviceArena& a, int64_t bytes, cudaStream_t s) : arena_(a), stream_(s) {
+    n_ = std::max<int64_t>(bytes / 4, 1 << 20);
+    src_ = static_cast<float*>(arena_.alloc(n_ * 4, "the bandwidth probe"));
+    dst_ = static_cast<float*>(arena_.alloc(n_ * 4, "the bandwidth probe"));
+    BARATA_CUDA_CHECK(cudaMemsetAsync(src_, 0, static_cast<size_t>(n_ * 4), stream_));
+    BARATA_CUDA_CHECK(cudaEventCreate(&e0_));
+    BARATA_CUDA_CHECK(cudaEventCreate(&e1_));
+  }
+  ~CudaBandwidthProbe() override {
+    cudaEventDestroy(e0_);
+    cudaEventDestroy(e1_);
+    arena_.free(src_);
+    arena_.free(dst_);
+  }
+  // A device-to-device copy reads and writes each byte once: 2n bytes moved.
+  double run_gb_per_s() override {
+    BARATA_CUDA_CHECK(cudaEventRecord(e0_, stream_));
+    BARATA_CUDA_CHECK(cudaMemcpyAsync(dst_, src_, static_cast<size_t>(n_ * 4),
+                                      cudaMemcpyDeviceToDevice, stream_));
+    BARATA_CUDA_CHECK(cudaEventRecord(e1_, stream_));
+    BARATA_CUDA_CHECK(cudaEventSynchronize(e1_));
+    float ms = 0;
+    BARATA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0_, e1_));
+    return 2.0 * static_cast<double>(n_ * 4) / (static_cast<double>(ms) * 1e6);
+  }
+
+ private:
+  DeviceArena& arena_;
+  cudaStream_t stream_;
+  int64_t n_ = 0;
+  float* src_ = nullptr;
+  float* dst_ = nullptr;
+  cudaEvent_t e0_{}, e1_{};
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const BackendOptions& opts) {
+    std::string why;
+    if (!cuda_device_available(&why)) fail("--device cuda: no usable GPU: {}", why);
+    BARATA_CUDA_CHECK(cudaGetDevice(&device_));
+    BARATA_CUDA_CHECK(cudaGetDeviceProperties(&prop_, device_));
+    BARATA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    BARATA_CUBLAS_CHECK(cublasCreate(&cublas_), "create");
+    BARATA_CUBLAS_CHECK(cublasSetStream(cublas_, stream_), "set stream");
+    // A fixed workspace: cuBLAS then allocates nothing inside a captured graph.
+    cublas_ws_ = arena_.alloc(kCublasWorkspace, "the cuBLAS workspace");
+    BARATA_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace), "workspace");
+    graphs_on_ = env_on("BARATA_CUDA_GRAPHS", true);
+    sync_each_op_ = env_on("BARATA_CUDA_SYNC", false);
+  }
+
+  ~CudaBackend() override {
+    drop_graphs();
+    if (cublas_) cublasDestroy(cublas_);
+    if (stream_) cudaStreamDestroy(stream_);
+    if (pinned_) cudaFreeHost(pinned_);
+  }
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+
+  void prepare(const Model& model, const KvLayout& kv, int64_t n_blocks, int64_t n_ctx) override;
+  void begin(const Batch& batch) override;
+  float* act(Act a) override { return acts_[static_cast<size_t>(a)].as<float>(); }
+
+  void embed(float* x) override {
+    if (replay_) return;
+    const DevWeight& e = weights_[static_cast<size_t>(model_->token_embd().id)];
+    launch_embed(e.type, e.data, e.row_bytes, e.scale, e.k, d_tokens(), rows_, x, stream_);
+    after("embed");
+  }
+
+  void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t d) override {
+    if (replay_) return;
+    launch_rmsnorm(x, vec(w), y, rows_, d, model_->config().norm_eps, nullptr, stream_);
+    after("rms_norm");
+  }
+
+  void matmul(const WeightDesc& w, const float* x, float* y) override {
+    if (replay_) return;
+    run_matmul(weights_[static_cast<size_t>(w.id)], x, rows_, y);
+  }
+
+  void add_bias(float* y, const std::vector<float>& b) override {
+    if (replay_) return;
+    launch_add_bias(y, vec(b), rows_, static_cast<int64_t>(b.size()), stream_);
+    after("add_bias");
+  }
+
+  void rope_kv(int64_t layer, float* q, float* k, const float* v) override {
+    if (replay_) return;
+    launch_rope_kv(q, k, v, d_rows(), rows_, rope_, kv_view(layer), stream_);
+    after("rope_kv");
+  }
+
+  void attention(int64_t layer, const float* q, float* out) override {
+    if (replay_) return;
+    if (decode_shape_) {
+      launch_attention_decode(q, out, d_rows(), rows_, attn_, kv_view(layer), split_,
+                              workspace_.as<float>(), stream_);
+      after("attention_decode");
+    } else {
+      launch_attention_prefill(q, out, d_rows(), d_tiles(), n_tiles_, attn_, kv_view(layer),
+                               stream_);
+      after("attention_prefill");
+    }
+  }
+
+  void swiglu(float* gate, const float* up, int64_t n) override {
+    if (replay_) return;
+    launch_swiglu(gate, up, n, stream_);
+    after("swiglu");
+  }
+
+  void add(float* x, const float* y, int64_t n) override {
+    if (replay_) return;
+    launch_add(x, y, n, stream_);
+    after("add");
+  }
+
+  void logits(const float* x, float* host_logits) override;
+
+  void to_device(float* dst, const float* host, int64_t n) override {
+    BARATA_CUDA_CHECK(
+        cudaMemcpyAsync(dst, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
+    BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void to_host(float* host, const float* src, int64_t n) override {
+    BARATA_CUDA_CHECK(
+        cudaMemcpyAsync(host, src, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
+    BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void kv_to_host(int64_t layer, int kv, int32_t slot, uint16_t* host) override {
+    const uint16_t* p = pool_ + (slot / kKvBlockTokens) * layout_.block_elems() +
+                        layout_.offset(layer, kv, slot % kKvBlockTokens);
+    BARATA_CUDA_CHECK(cudaMemcpyAsync(host, p, static_cast<size_t>(layout_.kv_dim) * 2,
+                                      cudaMemcpyDeviceToHost, stream_));
+    BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void copy_kv_blocks(const std::vector<KvBlockManager::Copy>& copies) override {
+    const size_t bytes = static_cast<size_t>(layout_.bytes_per_block());
+    for (const auto& c : copies)
+      BARATA_CUDA_CHECK(cudaMemcpyAsync(pool_ + c.to * layout_.block_elems(),
+                                        pool_ + c.from * layout_.block_elems(), bytes,
+                                        cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  void synchronize() override { BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  DeviceReport report() const override {
+    DeviceReport r;
+    int mem_khz = 0, clk_khz = 0;
+    cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device_);
+    cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, device_);
+    r.name = std::string(prop_.name) + " (sm_" + std::to_string(prop_.major) +
+             std::to_string(prop_.minor) + ", " + std::to_string(prop_.multiProcessorCount) +
+             " SMs, " + mib(static_cast<int64_t>(prop_.totalGlobalMem)) + ")";
+    // DDR: two transfers per memory clock over the whole bus.
+    r.peak_gb_per_s = 2.0 * mem_khz * 1e3 * (prop_.memoryBusWidth / 8.0) / 1e9;
+    r.peak_fp16_tflops = fp16_flops_per_sm_clock(prop_.major, prop_.minor) *
+                         prop_.multiProcessorCount * clk_khz * 1e3 / 1e12;
+    r.weight_bytes = weight_bytes_;
+    r.kv_pool_bytes = layout_.bytes_per_block() * n_blocks_;
+    r.peak_bytes = arena_.peak();
+    r.notes = notes_;
+    if (!graphs_on_) r.notes.push_back("CUDA graphs off (BARATA_CUDA_GRAPHS=0)");
+    return r;
+  }
+
+  std::unique_ptr<BandwidthProbe> bandwidth_probe(int64_t bytes) override {
+    return std::make_unique<CudaBandwidthProbe>(arena_, bytes, stream_);
+  }
+
+ private:
+  static constexpr int64_t kCublasWorkspace = 32 << 20;
+  static constexpr int64_t kDequantTileBytes = 64 << 20;  // fp16 weight tile for cuBLAS
+
+  // Metadata layout in the one staging upload per batch.
+  const int32_t* d_tokens() const { return meta_.as<int32_t>() + off_tokens_; }
+  const BatchRowMeta* d_rows() const {
+    return reinterpret_cast<const BatchRowMeta*>(meta_.as<int32_t>() + off_rows_);
+  }
+  const PrefillTile* d_tiles() const {
+    return reinterpret_cast<const PrefillTile*>(meta_.as<int32_t>() + off_tiles_);
+  }
+  const int32_t* d_logit_rows() const { return meta_.as<int32_t>() + off_logit_rows_; }
+  const int32_t* d_tables() const { return meta_.as<int32_t>() + off_tables_; }
+
+  KvDeviceView kv_view(int64_t layer) const {
+    KvDeviceView v;
+    v.pool = pool_;
+    v.block_elems = layout_.block_elems();
+    v.layer = static_cast<int32_t>(layer);
+    v.kv_dim = static_cast<int32_t>(layout_.kv_dim);
+    v.block_tokens = static_cast<int32_t>(kKvBlockTokens);
+    v.block_tables = d_tables();
+    return v;
+  }
+
+  const float* vec(const std::vector<float>& w) const {
+    auto it = vecs_.find(w.data());
+    if (it == vecs_.end()) fail("internal: CUDA: a vector the backend was not given at prepare");
+    return it->second;
+  }
+
+  void after(const char* op) {
+    if (!sync_each_op_ || capturing_) return;
+    const cudaError_t err = cudaStreamSynchronize(stream_);
+    if (err != cudaSuccess)
+      fail("CUDA: {} on a batch of {} rows failed: {} ({})", op, rows_, cudaGetErrorString(err),
+           cudaGetErrorName(err));
+  }
+
+  void run_matmul(const DevWeight& w, const float* x, int64_t n, float* y);
+  void ensure_rows(int64_t n);
+  void drop_graphs() {
+    for (auto& [w, g] : graphs_) cudaGraphExecDestroy(g);
+    graphs_.clear();
+  }
+
+  int device_ = 0;
+  cudaDeviceProp prop_{};
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  void* cublas_ws_ = nullptr;
+  DeviceArena arena_;
+  bool graphs_on_ = true, sync_each_op_ = false;
+
+  const Model* model_ = nullptr;
+  int64_t n_ctx_ = 0;
+  std::vector<DevWeight> weights_;  // by WeightDesc::id
+  std::unordered_map<const float*, float*> vecs_;
+  int64_t weight_bytes_ = 0;
+  std::vector<std::string> notes_;
+  KvLayout layout_;
+  int64_t n_blocks_ = 0;
+  uint16_t* pool_ = nullptr;
+  RopeArgs rope_;
+  AttnArgs attn_;
+  DecodeSplit split_;
+
+  // Per-batch state.
+  const Batch* batch_ = nullptr;
+  int64_t rows_ = 0, n_tiles_ = 0;
+  bool decode_shape_ = false;
+  Grow acts_[static_cast<size_t>(Act::kCount)];
+  Grow act_f16_, tile_f16_, workspace_, logits_, meta_, xn_out_;
+  int64_t acts_rows_ = 0;
+  int64_t off_tokens_ = 0, off_rows_ = 0, off_tiles_ = 0, off_logit_rows_ = 0, off_tables_ = 0;
+  void* pinned_ = nullptr;
+  int64_t pinned_bytes_ = 0;
+
+  // CUDA graphs of the decode step, by batch width.
+  std::unordered_map<int64_t, cudaGraphExec_t> graphs_;
+  bool replay_ = false, capturing_ = false;
+};
+
+void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_blocks, int64_t n_ctx) {
+  model_ = &model;
+  n_ctx_ = n_ctx;
+  layout_ = kv;
+  n_blocks_ = n_blocks;
+  const ModelConfig& c = model.config();
+
+  // What the device will hold, checked against its free memory before any
+  // of it is allocated.
+  auto native = [&](const WeightDesc& w) {
+    const bool is_embd = w.id == model.token_embd().id;
+    return dequant_f16_supported(w.type) && (!is_embd || embed_supported(w.type));
+  };
+  int64_t weights = 0, converted = 0;
+  for (const WeightDesc* w : model.matrices()) {
+    if (native(*w)) {
+      weights += w->bytes();
+    } else {
+      weights += 2 * w->k * w->n_rows;
+      ++converted;
+    }
+  }
+  int64_t vectors = 0;
+  for (const LayerWeights& L : model.layers())
+    for (const auto* v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv})
+      vectors += static_cast<int64_t>(v->size()) * 4;
+  vectors += c.d_model * 4;
+  const int64_t kv_bytes = kv.bytes_per_block() * n_blocks;
+  const int64_t rope_bytes = 2 * n_ctx * (c.rope_dims / 2) * 4;
+  const int64_t need = weights + vectors + kv_bytes + rope_bytes + kCublasWorkspace;
+  size_t free_b = 0, total_b = 0;
+  BARATA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  // Headroom for activations, the dequant tile and cuBLAS's own state.
+  const int64_t headroom = 256 << 20;
+  if (need + headroom > static_cast<int64_t>(free_b))
+    fail(
+        "--device cuda: the model does not fit: weights {} + KV cache {} ({} tokens) + {} of "
+        "tables need {}, and {} has {} free of {} (lower -c or --kv-tokens)",
+        mib(weights), mib(kv_bytes), n_blocks * kKvBlockTokens,
+        mib(vectors + rope_bytes + kCublasWorkspace + headroom), mib(need + headroom), prop_.name,
+        mib(static_cast<int64_t>(free_b)), mib(static_cast<int64_t>(total_b)));
+
+  // Weights, once, in their stored type (or F16 where no device kernel reads it).
+  weights_.assign(static_cast<size_t>(model.n_matrices()), DevWeight{});
+  std::vector<float> row;
+  std::vector<uint16_t> half;
+  for (const WeightDesc* w : model.matrices()) {
+    DevWeight& d = weights_[static_cast<size_t>(w->id)];
+    d.k = w->k;
+    d.n_rows = w->n_rows;
+    if (native(*w)) {
+      d.type = w->type;
+      d.row_bytes = w->row_bytes;
+      d.scale = w->scale;
+      void* p = arena_.alloc(w->bytes(), "weights");
+      BARATA_CUDA_CHECK(
+          cudaMemcpy(p, w->data, static_cast<size_t>(w->bytes()), cudaMemcpyHostToDevice));
+      d.data = p;
+    } else {
+      d.type = DType::F16;
+      d.row_bytes = static_cast<size_t>(2 * w->k);
+      d.scale = 1.0f;
+      d.converted = true;
+      void* p = arena_.alloc(2 * w->k * w->n_rows, "weights (converted to F16)");
+      row.resize(static_cast<size_t>(w->k));
+      half.resize(static_cast<size_t>(w->k));
+      const DTypeTraits& tr = dtype_traits(w->type);
+      for (int64_t r = 0; r < w->n_rows; ++r) {
+        tr.dequantize_row(w->data + r * w->row_bytes, row.data(), w->k);
+        for (int64_t j = 0; j < w->k; ++j)
+          half[static_cast<size_t>(j)] = fp32_to_fp16(row[j] * w->scale);
+        BARATA_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(p) + r * d.row_bytes, half.data(),
+                                     d.row_bytes, cudaMemcpyHostToDevice));
+      }
+      d.data = p;
+    }
+    weight_bytes_ += static_cast<int64_t>(d.row_bytes) * d.n_rows;
+  }
+  if (converted > 0)
+    notes_.push_back(std::to_string(converted) +
+                     " matrices have no CUDA kernel for their type yet and were converted to F16 "
+                     "at load (more memory, same results within fp16)");
+  // Tied output: the embedding's device copy serves both (same id).
+
+  auto upload_vec = [&](const std::vector<float>& v) {
+    if (v.empty() || vecs_.count(v.data())) return;
+    float* p = static_cast<float*>(arena_.alloc(static_cast<int64_t>(v.size()) * 4, "norms"));
+    BARATA_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    vecs_[v.data()] = p;
+  };
+  for (const LayerWeights& L : model.layers())
+    for (const auto* v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv}) upload_vec(*v);
+  upload_vec(model.output_norm());
+
+  pool_ = static_cast<uint16_t*>(arena_.alloc(kv_bytes, "the KV cache"));
+
+  // RoPE tables for every position, as the CPU makes them (double, rounded).
+  const int64_t half_dims = c.rope_dims / 2;
+  std::vector<float> cs(static_cast<size_t>(n_ctx * half_dims)), sn(cs.size());
+  for (int64_t p = 0; p < n_ctx; ++p)
+    for (int64_t i = 0; i < half_dims; ++i) {
+      const double theta =
+          static_cast<double>(p) *
+          std::pow(static_cast<double>(c.rope_base), -2.0 * static_cast<double>(i) / c.rope_dims);
+      cs[static_cast<size_t>(p * half_dims + i)] = static_cast<float>(std::cos(theta));
+      sn[static_cast<size_t>(p * half_dims + i)] = static_cast<float>(std::sin(theta));
+    }
+  float* d_cos = static_cast<float*>(arena_.alloc(rope_bytes / 2, "RoPE tables"));
+  float* d_sin = static_cast<float*>(arena_.alloc(rope_bytes / 2, "RoPE tables"));
+  BARATA_CUDA_CHECK(cudaMemcpy(d_cos, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+  BARATA_CUDA_CHECK(cudaMemcpy(d_sin, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));
+  rope_.n_head = static_cast<int32_t>(c.n_head);
+  rope_.n_head_kv = static_cast<int32_t>(c.n_head_kv);
+  rope_.head_dim = static_cast<int32_t>(c.head_dim);
+  rope_.rope_dims = static_cast<int32_t>(c.rope_dims);
+  rope_.neox = c.rope_style == RopeStyle::kNeox;
+  rope_.cos = d_cos;
+  rope_.sin = d_sin;
+  attn_.n_head = rope_.n_head;
+  attn_.n_head_kv = rope_.n_head_kv;
+  attn_.head_dim = rope_.head_dim;
+  attn_.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // Decode splits: fixed by n_ctx, so a graph replays at any length; at most
+  // 64 ranges of a multiple of 16 tokens, empty ones exit at once.
+  const int64_t want_tokens = 256;
+  int64_t n_splits = std::min<int64_t>((n_ctx + want_tokens - 1) / want_tokens, 64);
+  n_splits = std::max<int64_t>(n_splits, 1);
+  int64_t split_tokens = (n_ctx + n_splits - 1) / n_splits;
+  split_tokens = (split_tokens + kKvBlockTokens - 1) / kKvBlockTokens * kKvBlockTokens;
+  split_.n_splits = static_cast<int32_t>(n_splits);
+  split_.split_tokens = static_cast<int32_t>(split_tokens);
+  BARATA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void CudaBackend::ensure_rows(int64_t n) {
+  if (n <= acts_rows_) return;
+  const ModelConfig& c = model_->config();
+  const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
+  // Grown to the next power of two rows: few reallocations, each of which
+  // drops the captured graphs (their pointers would be stale).
+  int64_t rows = 1;
+  while (rows < n) rows *= 2;
+  const std::pair<Act, int64_t> widths[] = {
+      {Act::kX, c.d_model},  {Act::kXn, std::max(c.d_model, c.d_ff)},
+      {Act::kQ, q_dim},      {Act::kK, kv_dim},
+      {Act::kV, kv_dim},     {Act::kAtt, q_dim},
+      {Act::kGate, c.d_ff},  {Act::kUp, c.d_ff},
+      {Act::kOut, c.d_model}};
+  for (const auto& [a, w] : widths)
+    acts_[static_cast<size_t>(a)].ensure(arena_, rows * w * 4, "activations");
+  act_f16_.ensure(arena_, rows * std::max({c.d_model, c.d_ff, q_dim}) * 2, "fp16 activations");
+  workspace_.ensure(arena_,
+                    static_cast<int64_t>(attention_decode_workspace(rows, attn_, split_)) * 4,
+                    "the attention workspace");
+  // Logits for the rows that want them: a decode graph's (<= 8 rows) always
+  // fit; a wider request grows the buffer in logits(), outside any capture.
+  logits_.ensure(arena_, std::min<int64_t>(rows, 64) * c.n_vocab * 4, "logits");
+  acts_rows_ = rows;
+  drop_graphs();
+}
+
+void CudaBackend::begin(const Batch& b) {
+  batch_ = &b;
+  rows_ = b.size();
+  ensure_rows(rows_);
+
+  // Decode shape: every row its own sequence (one query row per sequence).
+  decode_shape_ = true;
+  for (int64_t t = 1; t < rows_ && decode_shape_; ++t)
+    for (int64_t u = 0; u < t; ++u)
+      if (b.rows[static_cast<size_t>(t)].seq == b.rows[static_cast<size_t>(u)].seq) {
+        decode_shape_ = false;
+        break;
+      }
+  // Prefill tiles: runs of rows of one sequence, at most kPrefillTileRows each.
+  std::vector<PrefillTile> tiles;
+  if (!decode_shape_) {
+    for (int64_t t = 0; t < rows_;) {
+      int64_t e = t + 1;
+      while (e < rows_ && e - t < kPrefillTileRows &&
+             b.rows[static_cast<size_t>(e)].seq == b.rows[static_cast<size_t>(t)].seq)
+        ++e;
+      tiles.push_back({static_cast<int32_t>(t), static_cast<int32_t>(e - t)});
+      t = e;
+    }
+  }
+  n_tiles_ = static_cast<int64_t>(tiles.size());
+
+  // One upload of every array the kernels read, through pinned memory.
+  auto words = [](size_t bytes) { return static_cast<int64_t>((bytes + 15) / 16 * 4); };
+  off_tokens_ = 0;
+  off_rows_ = off_tokens_ + words(b.tokens.size() * 4);
+  off_tiles_ = off_rows_ + words(b.rows.size() * sizeof(BatchRowMeta));
+  off_logit_rows_ = off_tiles_ + words(tiles.size() * sizeof(PrefillTile));
+  off_tables_ = off_logit_rows_ + words(b.logit_rows.size() * 4);
+  // Block tables are sized for the whole pool: their device address (which a
+  // graph captured) never changes with the lengths.
+  const int64_t total =
+      (off_tables_ + words(static_cast<size_t>(std::max<int64_t>(
+                               static_cast<int64_t>(b.block_tables.size()), n_blocks_ + 1)) *
+                           4)) *
+      4;
+  // The layout depends on the width only for decode batches, where every
+  // array has a fixed size per width: a graph's pointers stay valid.
+  if (meta_.ensure(arena_, std::max<int64_t>(total, 1 << 16), "batch metadata")) drop_graphs();
+  if (total > pinned_bytes_) {
+    if (pinned_) cudaFreeHost(pinned_);
+    BARATA_CUDA_CHECK(cudaMallocHost(&pinned_, static_cast<size_t>(total)));
+    pinned_bytes_ = total;
+  }
+  auto* h = static_cast<int32_t*>(pinned_);
+  std::memcpy(h + off_tokens_, b.tokens.data(), b.tokens.size() * 4);
+  std::memcpy(h + off_rows_, b.rows.data(), b.rows.size() * sizeof(BatchRowMeta));
+  if (!tiles.empty()) std::memcpy(h + off_tiles_, tiles.data(), tiles.size() * sizeof(PrefillTile));
+  std::memcpy(h + off_logit_rows_, b.logit_rows.data(), b.logit_rows.size() * 4);
+  std::memcpy(h + off_tables_, b.block_tables.data(), b.block_tables.size() * 4);
+  const size_t used = (static_cast<size_t>(off_tables_) + b.block_tables.size()) * 4;
+  BARATA_CUDA_CHECK(cudaMemcpyAsync(meta_.p, pinned_, used, cudaMemcpyHostToDevice, stream_));
+
+  // A decode step of a width seen before replays its graph; the first one of
+  // a width is captured while it runs.
+  replay_ = capturing_ = false;
+  const bool graphable = graphs_on_ && decode_shape_ && rows_ <= kGemvMaxTokens &&
+                         static_cast<int64_t>(b.logit_rows.size()) == rows_;
+  if (graphable) {
+    if (graphs_.count(rows_)) {
+      replay_ = true;
+    } else {
+      BARATA_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      capturing_ = true;
+    }
+  }
+}
+
+void CudaBackend::run_matmul(const DevWeight& w, const float* x, int64_t n, float* y) {
+  const int64_t ldy = w.n_rows;
+  if (n <= kGemvMaxTokens && gemv_supported(w.type)) {
+    launch_gemv(w.type, w.data, w.row_bytes, w.k, w.n_rows, w.scale, x, n, y, ldy, stream_);
+    after("gemv");
+    return;
+  }
+  // GEMM: activations to fp16, the weight to fp16 tile by tile (F16 weights
+  // are used as they are), then cuBLAS with fp32 accumulation.
+  act_f16_.ensure(arena_, n * w.k * 2, "fp16 activations");
+  launch_f32_to_f16(x, act_f16_.as<uint16_t>(), n * w.k, stream_);
+  const float alpha = w.scale, beta = 0.0f;
+  int64_t tile_rows = w.n_rows;
+  if (w.type != DType::F16) {
+    tile_rows = std::max<int64_t>(1, std::min(w.n_rows, kDequantTileBytes / (2 * w.k)));
+    tile_f16_.ensure(arena_, tile_rows * w.k * 2, "the dequant tile");
+  }
+  for (int64_t r0 = 0; r0 < w.n_rows; r0 += tile_rows) {
+    const int64_t nr = std::min(tile_rows, w.n_rows - r0);
+    const void* a = static_cast<const uint8_t*>(w.data) + r0 * static_cast<int64_t>(w.row_bytes);
+    if (w.type != DType::F16) {
+      cuda_dequantize_to_f16(w.type, a, tile_f16_.p, nr * w.k, stream_);
+      a = tile_f16_.p;
+    }
+    // Row-major Y (n x n_rows) = X (n x k) W^T: in cuBLAS's column-major
+    // terms C (nr x n, ldc n_rows) = A^T (A: k x nr) * B (k x n).
+    BARATA_CUBLAS_CHECK(
+        cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(nr), static_cast<int>(n),
+                     static_cast<int>(w.k), &alpha, a, CUDA_R_16F, static_cast<int>(w.k),
+                     act_f16_.p, CUDA_R_16F, static_cast<int>(w.k), &beta, y + r0, CUDA_R_32F,
+                     static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "GemmEx");
+  }
+  after("gemm");
+}
+
+void CudaBackend::logits(const float* x, float* host_logits) {
+  const ModelConfig& c = model_->config();
+  const int64_t n_out = static_cast<int64_t>(batch_->logit_rows.size());
+  float* xn = act(Act::kXn);
+  if (!capturing_ && logits_.ensure(arena_, n_out * c.n_vocab * 4, "logits")) drop_graphs();
+  if (!replay_) {
+    launch_rmsnorm(x, vec(model_->output_norm()), xn, n_out, c.d_model, c.norm_eps, d_logit_rows(),
+                   stream_);
+    after("output rms_norm");
+    run_matmul(weights_[static_cast<size_t>(model_->output().id)], xn, n_out, logits_.as<float>());
+  }
+  if (capturing_) {
+    cudaGraph_t g = nullptr;
+    BARATA_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    BARATA_CUDA_CHECK(err);
+    graphs_[rows_] = exec;
+    capturing_ = false;
+    replay_ = true;
+  }
+  if (replay_) BARATA_CUDA_CHECK(cudaGraphLaunch(graphs_[rows_], stream_));
+  BARATA_CUDA_CHECK(cudaMemcpyAsync(host_logits, logits_.p,
+                                    static_cast<size_t>(n_out * c.n_vocab * 4),
+                                    cudaMemcpyDeviceToHost, stream_));
+  const cudaError_t err = cudaStreamSynchronize(stream_);
+  if (err != cudaSuccess)
+    fail(
+        "CUDA: the forward of a batch of {} rows failed: {} ({}); BARATA_CUDA_SYNC=1 names the "
+        "op",
+        rows_, cudaGetErrorString(err), cudaGetErrorName(err));
+  replay_ = false;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opts) {
+  return std::make_unique<CudaBackend>(opts);
+}
+
+}  // namespace barata

@@ -1,0 +1,406 @@
+// Every op of the Backend seam, on every backend this build has, against a
+// float64 reference, in the way llama.cpp's test-backend-ops works: random
+// inputs on small odd shapes (head_dim 64 and 128, 1 to 8 KV heads, d_ff not
+// a multiple of 32, lengths crossing 16-token block edges, a prompt appended
+// to a cache that is not empty, two sequences in one batch), each dtype with
+// its own error bound. Without a GPU the CUDA instances skip with the
+// driver's reason, or fail when BARATA_REQUIRE_GPU=1.
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "barata/backend.h"
+#include "barata/engine.h"
+#include "barata/error.h"
+#include "barata/half.h"
+#include "synthetic_model.h"
+
+namespace barata {
+namespace {
+
+using test::Shape;
+using test::Synthetic;
+
+// Normalised mean squared error, llama.cpp's measure for ops whose kernels
+// round differently from the reference.
+double nmse(const std::vector<float>& got, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? num / den : num;
+}
+
+double max_rel(const std::vector<float>& got, const std::vector<double>& ref) {
+  double scale = 0, err = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    scale = std::max(scale, std::fabs(ref[i]));
+    err = std::max(err, std::fabs(got[i] - ref[i]));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+// The matmul bound of a weight type on a backend. CPU float weights take
+// fp32 activations; quantized ones take 8-bit activations (blocks of 32,
+// what llama.cpp does). The CUDA backend's GEMM path rounds activations to
+// fp16 for cuBLAS.
+double matmul_bound(DeviceKind d, DType t) {
+  const bool is_float = t == DType::F32 || t == DType::F16 || t == DType::BF16;
+  if (!is_float) return 5e-4;
+  return d == DeviceKind::kCpu ? 1e-9 : 2e-6;
+}
+
+class BackendOps : public ::testing::TestWithParam<std::tuple<DeviceKind, Shape>> {
+ protected:
+  void SetUp() override {
+    device_ = std::get<0>(GetParam());
+    shape_ = std::get<1>(GetParam());
+    try {
+      be_ = make_backend({.device = device_, .n_threads = 2});
+    } catch (const Error& e) {
+      const char* require = std::getenv("BARATA_REQUIRE_GPU");
+      if (device_ == DeviceKind::kCuda && !(require && std::string(require) == "1"))
+        GTEST_SKIP() << "CUDA backend unavailable: " << e.what();
+      FAIL() << e.what();
+    }
+    syn_ = test::make_model(shape_, 1234);
+    model_ = std::make_unique<Model>(Model::from_gguf(GgufFile::from_memory(syn_.gguf, "ops")));
+    const ModelConfig& c = model_->config();
+    layout_ = KvLayout{c.n_layer, c.n_head_kv * c.head_dim};
+    blocks_ = std::make_unique<KvBlockManager>(kBlocks);
+    be_->prepare(*model_, layout_, kBlocks, kCtx);
+  }
+
+  std::vector<float> random(int64_t n, float scale = 1.0f) {
+    std::normal_distribution<float> nd(0.0f, scale);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = nd(rng_);
+    return v;
+  }
+  std::vector<float> upload(Act a, int64_t width, float scale = 1.0f) {
+    std::vector<float> v = random(batch_.size() * width, scale);
+    be_->to_device(be_->act(a), v.data(), static_cast<int64_t>(v.size()));
+    return v;
+  }
+  std::vector<float> download(Act a, int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    be_->to_host(v.data(), be_->act(a), n);
+    return v;
+  }
+
+  // Plans the batch against the cache and begins it on the backend.
+  void start(const std::vector<std::pair<int, int64_t>>& rows) {
+    batch_.clear();
+    std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(shape_.n_vocab - 1));
+    for (const auto& [seq, pos] : rows) batch_.add(tok(rng_), pos, seq, true);
+    std::vector<KvBlockManager::Copy> copies;
+    plan_batch(batch_, *blocks_, kCtx, shape_.n_vocab, &copies);
+    be_->copy_kv_blocks(copies);
+    be_->begin(batch_);
+  }
+
+  void check_all_ops();
+
+  static constexpr int64_t kBlocks = 16, kCtx = 128;
+  DeviceKind device_{};
+  Shape shape_{};
+  std::unique_ptr<Backend> be_;
+  Synthetic syn_;
+  std::unique_ptr<Model> model_;
+  KvLayout layout_;
+  std::unique_ptr<KvBlockManager> blocks_;
+  Batch batch_;
+  std::mt19937 rng_{99};
+};
+
+std::vector<double> ref_matvec(const test::Mat& w, const std::vector<float>& x, int64_t t,
+                               int64_t k, int64_t rows) {
+  std::vector<double> y(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    double s = 0;
+    for (int64_t j = 0; j < k; ++j) s += w[r * k + j] * x[t * k + j];
+    y[r] = s;
+  }
+  return y;
+}
+
+std::vector<double> ref_rms(const float* x, const std::vector<float>& g, int64_t d, double eps) {
+  double ss = 0;
+  for (int64_t i = 0; i < d; ++i) ss += double(x[i]) * x[i];
+  const double sc = 1.0 / std::sqrt(ss / d + eps);
+  std::vector<double> y(static_cast<size_t>(d));
+  for (int64_t i = 0; i < d; ++i) y[i] = x[i] * sc * g[i];
+  return y;
+}
+
+void BackendOps::check_all_ops() {
+  const ModelConfig& c = model_->config();
+  const int64_t T = batch_.size(), d = c.d_model, hd = c.head_dim;
+  const int64_t qd = c.n_head * hd, kvd = c.n_head_kv * hd;
+  const LayerWeights& L = model_->layers()[0];
+  const test::RefLayer& R = syn_.layers[0];
+
+  {
+    SCOPED_TRACE("embed");
+    be_->embed(be_->act(Act::kX));
+    const auto x = download(Act::kX, T * d);
+    std::vector<double> ref;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < d; ++j) ref.push_back(syn_.embd[batch_.tokens[t] * d + j]);
+    EXPECT_LE(max_rel(x, ref), 1e-6);
+  }
+  {
+    SCOPED_TRACE("rms_norm");
+    const auto x = upload(Act::kX, d, 3.0f);
+    be_->rms_norm(be_->act(Act::kX), L.attn_norm, be_->act(Act::kXn), d);
+    const auto y = download(Act::kXn, T * d);
+    std::vector<double> ref;
+    for (int64_t t = 0; t < T; ++t) {
+      const auto r = ref_rms(x.data() + t * d, L.attn_norm, d, c.norm_eps);
+      ref.insert(ref.end(), r.begin(), r.end());
+    }
+    EXPECT_LE(max_rel(y, ref), 1e-5);
+  }
+  const struct {
+    const char* name;
+    const WeightDesc& w;
+    const test::Mat& ref;
+    Act in, out;
+  } mats[] = {
+      {"wq", L.wq, R.wq, Act::kXn, Act::kQ},          {"wk", L.wk, R.wk, Act::kXn, Act::kK},
+      {"wv", L.wv, R.wv, Act::kXn, Act::kV},          {"wo", L.wo, R.wo, Act::kAtt, Act::kOut},
+      {"gate", L.w_gate, R.wg, Act::kXn, Act::kGate}, {"up", L.w_up, R.wu, Act::kXn, Act::kUp},
+      {"down", L.w_down, R.wd, Act::kGate, Act::kOut}};
+  for (const auto& m : mats) {
+    SCOPED_TRACE(std::string("matmul ") + m.name + " " + dtype_name(m.w.type));
+    const auto x = upload(m.in, m.w.k);
+    be_->matmul(m.w, be_->act(m.in), be_->act(m.out));
+    const auto y = download(m.out, T * m.w.n_rows);
+    std::vector<double> ref;
+    for (int64_t t = 0; t < T; ++t) {
+      const auto r = ref_matvec(m.ref, x, t, m.w.k, m.w.n_rows);
+      ref.insert(ref.end(), r.begin(), r.end());
+    }
+    EXPECT_LE(nmse(y, ref), matmul_bound(device_, m.w.type));
+  }
+  if (!L.bq.empty()) {
+    SCOPED_TRACE("add_bias");
+    const auto y0 = upload(Act::kQ, qd);
+    be_->add_bias(be_->act(Act::kQ), L.bq);
+    const auto y = download(Act::kQ, T * qd);
+    std::vector<double> ref;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < qd; ++i) ref.push_back(double(y0[t * qd + i]) + L.bq[i]);
+    EXPECT_LE(max_rel(y, ref), 1e-6);
+  }
+  {
+    SCOPED_TRACE("swiglu");
+    const auto g = upload(Act::kGate, c.d_ff, 2.0f);
+    const auto u = upload(Act::kUp, c.d_ff);
+    be_->swiglu(be_->act(Act::kGate), be_->act(Act::kUp), T * c.d_ff);
+    const auto y = download(Act::kGate, T * c.d_ff);
+    std::vector<double> ref;
+    for (size_t i = 0; i < g.size(); ++i)
+      ref.push_back(g[i] / (1.0 + std::exp(-double(g[i]))) * u[i]);
+    EXPECT_LE(max_rel(y, ref), 1e-6);
+  }
+  {
+    SCOPED_TRACE("add");
+    const auto x = upload(Act::kX, d);
+    const auto o = upload(Act::kOut, d);
+    be_->add(be_->act(Act::kX), be_->act(Act::kOut), T * d);
+    const auto y = download(Act::kX, T * d);
+    std::vector<double> ref;
+    for (size_t i = 0; i < x.size(); ++i) ref.push_back(double(x[i]) + o[i]);
+    EXPECT_LE(max_rel(y, ref), 1e-7);
+  }
+  {
+    SCOPED_TRACE("rope_kv");
+    const auto q = upload(Act::kQ, qd);
+    const auto k = upload(Act::kK, kvd);
+    const auto v = upload(Act::kV, kvd);
+    be_->rope_kv(0, be_->act(Act::kQ), be_->act(Act::kK), be_->act(Act::kV));
+    const auto qr = download(Act::kQ, T * qd);
+    const int64_t half = c.rope_dims / 2;
+    const bool neox = c.rope_style == RopeStyle::kNeox;
+    auto rope = [&](const float* in, int64_t pos, std::vector<double>& out) {
+      std::vector<double> r(in, in + hd);
+      for (int64_t i = 0; i < half; ++i) {
+        const double th = pos * std::pow(double(c.rope_base), -2.0 * i / c.rope_dims);
+        const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        r[a] = in[a] * std::cos(th) - in[b] * std::sin(th);
+        r[b] = in[a] * std::sin(th) + in[b] * std::cos(th);
+      }
+      out.insert(out.end(), r.begin(), r.end());
+    };
+    std::vector<double> qref;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < c.n_head; ++h)
+        rope(q.data() + t * qd + h * hd, batch_.positions[t], qref);
+    EXPECT_LE(max_rel(qr, qref), 1e-5);
+    // The cache holds the rotated k and the plain v, in fp16.
+    double worst = 0;
+    std::vector<uint16_t> kc(static_cast<size_t>(kvd)), vc(kc.size());
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> kref;
+      for (int64_t h = 0; h < c.n_head_kv; ++h)
+        rope(k.data() + t * kvd + h * hd, batch_.positions[t], kref);
+      be_->kv_to_host(0, 0, batch_.rows[t].slot, kc.data());
+      be_->kv_to_host(0, 1, batch_.rows[t].slot, vc.data());
+      for (int64_t i = 0; i < kvd; ++i) {
+        worst =
+            std::max(worst, std::fabs(fp16_to_fp32(kc[i]) - kref[i]) / (std::fabs(kref[i]) + 1e-3));
+        worst = std::max(worst, std::fabs(fp16_to_fp32(vc[i]) - v[t * kvd + i]) /
+                                    (std::fabs(v[t * kvd + i]) + 1e-3));
+      }
+    }
+    EXPECT_LE(worst, 1.0 / 1024) << "K/V in the cache are not the fp16 of the rotated k and of v";
+  }
+  {
+    SCOPED_TRACE("attention");
+    const float* q_dev = be_->act(Act::kQ);
+    be_->attention(0, q_dev, be_->act(Act::kAtt));
+    const auto q = download(Act::kQ, T * qd);
+    const auto out = download(Act::kAtt, T * qd);
+    std::vector<double> ref;
+    const int64_t group = c.n_head / c.n_head_kv;
+    std::vector<uint16_t> kc(static_cast<size_t>(kvd)), vc(kc.size());
+    for (int64_t t = 0; t < T; ++t) {
+      const BatchRowMeta& r = batch_.rows[t];
+      const std::vector<int32_t>& table = blocks_->table(r.seq);
+      const int64_t n = r.pos + 1;
+      std::vector<std::vector<double>> K(n), V(n);
+      for (int64_t p = 0; p < n; ++p) {
+        const int32_t slot =
+            table[p / kKvBlockTokens] * int32_t(kKvBlockTokens) + p % kKvBlockTokens;
+        be_->kv_to_host(0, 0, slot, kc.data());
+        be_->kv_to_host(0, 1, slot, vc.data());
+        for (int64_t i = 0; i < kvd; ++i) {
+          K[p].push_back(fp16_to_fp32(kc[i]));
+          V[p].push_back(fp16_to_fp32(vc[i]));
+        }
+      }
+      for (int64_t h = 0; h < c.n_head; ++h) {
+        const int64_t kh = h / group;
+        std::vector<double> s(n);
+        double mx = -1e300;
+        for (int64_t p = 0; p < n; ++p) {
+          double acc = 0;
+          for (int64_t i = 0; i < hd; ++i) acc += q[t * qd + h * hd + i] * K[p][kh * hd + i];
+          s[p] = acc / std::sqrt(double(hd));
+          mx = std::max(mx, s[p]);
+        }
+        double sum = 0;
+        for (double& x : s) sum += (x = std::exp(x - mx));
+        for (int64_t i = 0; i < hd; ++i) {
+          double o = 0;
+          for (int64_t p = 0; p < n; ++p) o += s[p] / sum * V[p][kh * hd + i];
+          ref.push_back(o);
+        }
+      }
+    }
+    EXPECT_LE(max_rel(out, ref), 1e-5);
+  }
+  {
+    SCOPED_TRACE("logits");
+    const auto x = upload(Act::kX, d);
+    std::vector<float> lg(static_cast<size_t>(batch_.logit_rows.size() * c.n_vocab));
+    be_->logits(be_->act(Act::kX), lg.data());
+    std::vector<double> ref;
+    std::vector<float> xn;
+    for (int32_t row : batch_.logit_rows) {
+      const auto n = ref_rms(x.data() + row * d, model_->output_norm(), d, c.norm_eps);
+      xn.assign(n.begin(), n.end());
+      const auto r = ref_matvec(syn_.out, xn, 0, d, c.n_vocab);
+      ref.insert(ref.end(), r.begin(), r.end());
+    }
+    EXPECT_LE(nmse(lg, ref), matmul_bound(device_, model_->output().type));
+  }
+}
+
+TEST_P(BackendOps, EveryOpAgainstFloat64) {
+  const int a = blocks_->new_sequence();
+  const int b = blocks_->new_sequence();
+  std::vector<std::pair<int, int64_t>> rows;
+  // A prompt of 20 tokens: one full block and part of the next.
+  for (int64_t p = 0; p < 20; ++p) rows.push_back({a, p});
+  {
+    SCOPED_TRACE("prefill of 20 tokens");
+    start(rows);
+    check_all_ops();
+  }
+  // Appended to a cache that is not empty, across the block edge at 32, and
+  // a second sequence's prompt in the same batch.
+  rows.clear();
+  for (int64_t p = 20; p < 38; ++p) rows.push_back({a, p});
+  for (int64_t p = 0; p < 3; ++p) rows.push_back({b, p});
+  {
+    SCOPED_TRACE("prefill appended, two sequences");
+    start(rows);
+    check_all_ops();
+  }
+  // Decode: one row per sequence.
+  {
+    SCOPED_TRACE("decode of two sequences");
+    start({{a, 38}, {b, 3}});
+    check_all_ops();
+  }
+  {
+    SCOPED_TRACE("decode of one sequence at a block edge");
+    start({{b, 4}});
+    check_all_ops();
+  }
+}
+
+// A batch that does not fit is refused before anything changes.
+TEST_P(BackendOps, RefusedBatchChangesNothing) {
+  const int a = blocks_->new_sequence();
+  start({{a, 0}, {a, 1}});
+  const int64_t in_use = blocks_->blocks_in_use();
+  Batch bad;
+  bad.add(1, 2, a, true);
+  bad.add(1, 4, a, true);  // a gap
+  std::vector<KvBlockManager::Copy> copies;
+  EXPECT_THROW(plan_batch(bad, *blocks_, kCtx, shape_.n_vocab, &copies), Error);
+  Batch big;
+  for (int64_t p = 2; p < 2 + kBlocks * kKvBlockTokens; ++p) big.add(1, p, a, false);
+  EXPECT_THROW(plan_batch(big, *blocks_, 1 << 20, shape_.n_vocab, &copies), Error);
+  Batch oov;
+  oov.add(static_cast<int32_t>(shape_.n_vocab), 2, a, true);
+  EXPECT_THROW(plan_batch(oov, *blocks_, kCtx, shape_.n_vocab, &copies), Error);
+  EXPECT_EQ(blocks_->length(a), 2);
+  EXPECT_EQ(blocks_->blocks_in_use(), in_use);
+  EXPECT_TRUE(copies.empty());
+}
+
+const Shape kShapes[] = {
+    // arch, layers, d_model, heads, kv heads, head_dim, d_ff, vocab, tied, bias, type
+    {"llama", 1, 64, 4, 1, 64, 100, 77, false, false, DType::F32},  // MQA, d_ff odd
+    {"qwen2", 1, 128, 8, 8, 128, 96, 50, true, true, DType::F16},   // MHA, head_dim 128
+    {"llama", 1, 64, 8, 2, 64, 100, 61, true, false, DType::BF16},  // GQA 4:1
+    {"llama", 1, 64, 8, 2, 64, 160, 64, false, false, DType::Q8_0},
+    {"qwen2", 1, 64, 6, 3, 64, 128, 64, true, true, DType::Q4_0},  // NeoX, biases
+    {"llama", 1, 64, 4, 4, 128, 64, 40, false, false, DType::Q4_1},
+    {"llama", 1, 256, 8, 8, 32, 256, 64, false, false, DType::Q4_K},  // 8 KV heads, K-quant
+};
+
+std::vector<DeviceKind> devices() {
+  return {DeviceKind::kCpu, DeviceKind::kCuda};
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, BackendOps,
+                         ::testing::Combine(::testing::ValuesIn(devices()),
+                                            ::testing::ValuesIn(kShapes)),
+                         [](const auto& info) {
+                           const Shape& s = std::get<1>(info.param);
+                           return std::string(device_name(std::get<0>(info.param))) + "_" +
+                                  std::to_string(info.index) + "_" + dtype_name(s.wtype);
+                         });
+
+}  // namespace
+}  // namespace barata
