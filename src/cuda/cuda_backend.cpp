@@ -574,18 +574,23 @@ void CudaBackend::ensure_rows(int64_t n) {
 }
 
 void CudaBackend::begin(const Batch& b) {
+  // A capture left open by a forward that threw: closed and dropped, so the
+  // stream takes work again.
+  if (capturing_) {
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(stream_, &g);
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();
+    capturing_ = false;
+  }
   batch_ = &b;
   rows_ = b.size();
   ensure_rows(rows_);
 
   // Decode shape: every row its own sequence (one query row per sequence).
-  decode_shape_ = true;
-  for (int64_t t = 1; t < rows_ && decode_shape_; ++t)
-    for (int64_t u = 0; u < t; ++u)
-      if (b.rows[static_cast<size_t>(t)].seq == b.rows[static_cast<size_t>(u)].seq) {
-        decode_shape_ = false;
-        break;
-      }
+  std::vector<int32_t> seqs(b.seq_ids.begin(), b.seq_ids.end());
+  std::sort(seqs.begin(), seqs.end());
+  decode_shape_ = std::adjacent_find(seqs.begin(), seqs.end()) == seqs.end();
   // Prefill tiles: runs of rows of one sequence, at most kPrefillTileRows each.
   std::vector<PrefillTile> tiles;
   if (!decode_shape_) {
