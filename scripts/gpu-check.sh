@@ -30,7 +30,7 @@
 #   BARATA_BENCH_PRESET  barata_synth preset (default qwen2.5-0.5b; tiny for a dry run)
 #   BARATA_BENCH_LAYERS  override the preset's layer count
 #   BARATA_BENCH_TYPES   quantized types (default "q8_0 q4_0 nf4")
-#   BARATA_BENCH_ARGS    bench flags (default "--tests prefill,decode,batch -p 64,512,2048
+#   BARATA_BENCH_ARGS    bench flags (default "--tests prefill,decode,batch,roofline -p 64,512,2048
 #                        -c 64,1024 -b 1,4,16 -r 3")
 #   BARATA_BENCH_BUDGET  seconds for the whole benchmark step (default 240)
 #   BARATA_BENCH_TMP     folder for the model files (default: a new one in /tmp)
@@ -208,7 +208,7 @@ benchmark() {
   local preset="${BARATA_BENCH_PRESET:-qwen2.5-0.5b}"
   local types="${BARATA_BENCH_TYPES:-q8_0 q4_0 nf4}"
   local budget="${BARATA_BENCH_BUDGET:-240}"
-  local bench_args="${BARATA_BENCH_ARGS:---tests prefill,decode,batch -p 64,512,2048 -c 64,1024 -b 1,4,16 -r 3}"
+  local bench_args="${BARATA_BENCH_ARGS:---tests prefill,decode,batch,roofline -p 64,512,2048 -c 64,1024 -b 1,4,16 -r 3}"
   local bin="$BUILD/barata" synth="$BUILD/barata_synth" results="$LOGS/cuda-results.md"
   local t_start
   t_start="$(now)"
