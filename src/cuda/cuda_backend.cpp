@@ -476,15 +476,21 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
       d.scale = 1.0f;
       d.converted = true;
       void* p = arena_.alloc(2 * w->k * w->n_rows, "weights (converted to F16)");
+      // Converted in chunks of about 16 MiB of fp16, one copy per chunk.
+      const int64_t chunk = std::max<int64_t>(1, (16 << 20) / (2 * w->k));
       row.resize(static_cast<size_t>(w->k));
-      half.resize(static_cast<size_t>(w->k));
+      half.resize(static_cast<size_t>(std::min(chunk, w->n_rows) * w->k));
       const DTypeTraits& tr = dtype_traits(w->type);
-      for (int64_t r = 0; r < w->n_rows; ++r) {
-        tr.dequantize_row(w->data + r * w->row_bytes, row.data(), w->k);
-        for (int64_t j = 0; j < w->k; ++j)
-          half[static_cast<size_t>(j)] = fp32_to_fp16(row[j] * w->scale);
-        BARATA_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(p) + r * d.row_bytes, half.data(),
-                                     d.row_bytes, cudaMemcpyHostToDevice));
+      for (int64_t r0 = 0; r0 < w->n_rows; r0 += chunk) {
+        const int64_t nr = std::min(chunk, w->n_rows - r0);
+        for (int64_t r = 0; r < nr; ++r) {
+          tr.dequantize_row(w->data + (r0 + r) * w->row_bytes, row.data(), w->k);
+          for (int64_t j = 0; j < w->k; ++j)
+            half[static_cast<size_t>(r * w->k + j)] = fp32_to_fp16(row[j] * w->scale);
+        }
+        BARATA_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(p) + r0 * d.row_bytes, half.data(),
+                                     static_cast<size_t>(nr) * d.row_bytes,
+                                     cudaMemcpyHostToDevice));
       }
       d.data = p;
     }
