@@ -9,6 +9,9 @@
 namespace barata {
 
 Engine::Engine(const Model& model, EngineOptions opts)
+    : Engine(model, opts, make_backend({.device = opts.device, .n_threads = opts.n_threads})) {}
+
+Engine::Engine(const Model& model, EngineOptions opts, std::unique_ptr<Backend> backend)
     : model_(model),
       n_ctx_(opts.n_ctx > 0 ? opts.n_ctx : model.config().n_ctx_train),
       kv_layout_{model.config().n_layer, model.config().n_head_kv * model.config().head_dim},
@@ -17,7 +20,7 @@ Engine::Engine(const Model& model, EngineOptions opts)
   if (n_ctx_ > std::numeric_limits<int32_t>::max())
     fail("a context of {} positions is more than {} (positions are 32-bit)", n_ctx_,
          std::numeric_limits<int32_t>::max());
-  backend_ = make_backend({.device = opts.device, .n_threads = opts.n_threads});
+  backend_ = std::move(backend);
   backend_->prepare(model_, kv_layout_, blocks_.max_blocks(), n_ctx_);
 }
 

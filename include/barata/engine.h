@@ -35,6 +35,8 @@ struct EngineOptions {
 class Engine {
  public:
   Engine(const Model& model, EngineOptions opts);
+  // With a backend made by the caller (opts.device and opts.n_threads unused).
+  Engine(const Model& model, EngineOptions opts, std::unique_ptr<Backend> backend);
   ~Engine();
 
   const Model& model() const { return model_; }

@@ -9,15 +9,23 @@
 #include <unordered_map>
 #include <vector>
 
+#ifdef BARATA_CUDA_EMU
+// Under the host emulation (tests/emu_backend/): the same host code, every
+// kernel emulated, cuBLAS a plain loop, no graphs.
+#include "emu/host_runtime.h"
+#else
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#endif
 
 #include "argmax.cuh"
 #include "attention.cuh"
 #include "barata/error.h"
 #include "barata/half.h"
 #include "dequant.cuh"
+#ifndef BARATA_CUDA_EMU
 #include "device.cuh"
+#endif
 #include "elementwise.cuh"
 #include "embed.cuh"
 #include "gemv.cuh"
@@ -202,7 +210,11 @@ class CudaBackend final : public Backend {
     // A fixed workspace: cuBLAS then allocates nothing inside a captured graph.
     cublas_ws_ = arena_.alloc(kCublasWorkspace, "the cuBLAS workspace");
     BARATA_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace), "workspace");
+#ifdef BARATA_CUDA_EMU
+    graphs_on_ = false;  // the emulation has no graphs
+#else
     graphs_on_ = env_on("BARATA_CUDA_GRAPHS", true);
+#endif
     sync_each_op_ = env_on("BARATA_CUDA_SYNC", false);
   }
 
@@ -213,11 +225,15 @@ class CudaBackend final : public Backend {
     if (pinned_) cudaFreeHost(pinned_);
   }
 
-  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  DeviceKind kind() const override {
+    return DeviceKind::kCuda;
+  }
 
   void prepare(const Model& model, const KvLayout& kv, int64_t n_blocks, int64_t n_ctx) override;
   void begin(const Batch& batch) override;
-  float* act(Act a) override { return acts_[static_cast<size_t>(a)].as<float>(); }
+  float* act(Act a) override {
+    return acts_[static_cast<size_t>(a)].as<float>();
+  }
 
   void embed(float* x) override {
     if (replay_) return;
@@ -302,7 +318,9 @@ class CudaBackend final : public Backend {
                                         cudaMemcpyDeviceToDevice, stream_));
   }
 
-  void synchronize() override { BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void synchronize() override {
+    BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
 
   DeviceReport report() const override {
     DeviceReport r;
@@ -333,15 +351,21 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kDequantTileBytes = 64 << 20;  // fp16 weight tile for cuBLAS
 
   // Metadata layout in the one staging upload per batch.
-  const int32_t* d_tokens() const { return meta_.as<int32_t>() + off_tokens_; }
+  const int32_t* d_tokens() const {
+    return meta_.as<int32_t>() + off_tokens_;
+  }
   const BatchRowMeta* d_rows() const {
     return reinterpret_cast<const BatchRowMeta*>(meta_.as<int32_t>() + off_rows_);
   }
   const PrefillTile* d_tiles() const {
     return reinterpret_cast<const PrefillTile*>(meta_.as<int32_t>() + off_tiles_);
   }
-  const int32_t* d_logit_rows() const { return meta_.as<int32_t>() + off_logit_rows_; }
-  const int32_t* d_tables() const { return meta_.as<int32_t>() + off_tables_; }
+  const int32_t* d_logit_rows() const {
+    return meta_.as<int32_t>() + off_logit_rows_;
+  }
+  const int32_t* d_tables() const {
+    return meta_.as<int32_t>() + off_tables_;
+  }
 
   KvDeviceView kv_view(int64_t layer) const {
     KvDeviceView v;

@@ -10,6 +10,10 @@
 
 namespace barata {
 
+#ifdef BARATA_CUDA_EMU
+// The same backend over the host emulation of its kernels (tests only).
+#define make_cuda_backend make_emulated_cuda_backend
+#endif
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opts);
 
 }  // namespace barata
