@@ -10,8 +10,8 @@ namespace barata::cuda {
 
 struct RopeArgs {
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
-  int32_t rope_dims = 0;  // rotated dimensions of each head (even, <= head_dim)
-  bool neox = false;      // NeoX pairs (i, i + rope_dims/2); normal pairs (2i, 2i+1)
+  int32_t rope_dims = 0;       // rotated dimensions of each head (even, <= head_dim)
+  bool neox = false;           // NeoX pairs (i, i + rope_dims/2); normal pairs (2i, 2i+1)
   const float* cos = nullptr;  // device tables [position][rope_dims / 2]
   const float* sin = nullptr;
 };
