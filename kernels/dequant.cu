@@ -5,6 +5,7 @@
 
 #include "barata/quant_blocks.h"
 #include "common.cuh"
+#include "device_types.cuh"
 
 namespace barata::cuda {
 namespace {
@@ -185,17 +186,7 @@ void launch(const void* src, void* dst, int64_t n_blocks, cudaStream_t stream) {
 }  // namespace
 
 bool dequant_f16_supported(DType type) {
-  switch (type) {
-    case DType::F32:
-    case DType::F16:
-    case DType::BF16:
-    case DType::Q8_0:
-    case DType::Q4_0:
-    case DType::Q4_1:
-      return true;
-    default:
-      return false;
-  }
+  return device_reads_type(type);
 }
 
 void cuda_dequantize_to_f16(DType type, const void* d_src, void* d_dst_f16, int64_t n,

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "common.cuh"
+#include "device_types.cuh"
 #include "elem_decode.cuh"
 
 namespace barata::cuda {
@@ -36,17 +37,7 @@ void launch(const void* table, size_t row_bytes, float scale, int64_t d, const i
 }  // namespace
 
 bool embed_supported(DType type) {
-  switch (type) {
-    case DType::F32:
-    case DType::F16:
-    case DType::BF16:
-    case DType::Q8_0:
-    case DType::Q4_0:
-    case DType::Q4_1:
-      return true;
-    default:
-      return false;
-  }
+  return device_reads_type(type);
 }
 
 void launch_embed(DType type, const void* table, size_t row_bytes, float scale, int64_t d,

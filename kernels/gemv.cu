@@ -42,6 +42,7 @@
 #include "barata/quant_blocks.h"
 #include "block_decode.cuh"
 #include "common.cuh"
+#include "device_types.cuh"
 
 namespace barata::cuda {
 namespace {
@@ -426,17 +427,7 @@ void launch_f(const Args& a, int64_t n_tok, cudaStream_t stream) {
 }  // namespace
 
 bool gemv_supported(DType type) {
-  switch (type) {
-    case DType::F32:
-    case DType::F16:
-    case DType::BF16:
-    case DType::Q8_0:
-    case DType::Q4_0:
-    case DType::Q4_1:
-      return true;
-    default:
-      return false;
-  }
+  return device_reads_type(type);
 }
 
 void launch_gemv(DType type, const void* w, size_t row_bytes, int64_t k, int64_t n_rows,
