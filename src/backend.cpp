@@ -1,5 +1,7 @@
 #include "barata/backend.h"
 
+#include <cmath>
+
 #include "barata/error.h"
 #include "cpu/cpu_backend.h"
 #ifdef BARATA_HAVE_CUDA
@@ -16,6 +18,18 @@ std::optional<DeviceKind> parse_device(std::string_view name) {
   if (name == "cpu") return DeviceKind::kCpu;
   if (name == "cuda") return DeviceKind::kCuda;
   return std::nullopt;
+}
+
+void rope_tables(const ModelConfig& c, int64_t p0, int64_t p1, float* cos, float* sin) {
+  const int64_t half = c.rope_dims / 2;
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      const double theta =
+          static_cast<double>(p) *
+          std::pow(static_cast<double>(c.rope_base), -2.0 * static_cast<double>(i) / c.rope_dims);
+      cos[(p - p0) * half + i] = static_cast<float>(std::cos(theta));
+      sin[(p - p0) * half + i] = static_cast<float>(std::sin(theta));
+    }
 }
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& opts) {

@@ -96,6 +96,11 @@ class Backend {
   virtual std::unique_ptr<BandwidthProbe> bandwidth_probe(int64_t bytes) = 0;
 };
 
+// RoPE tables of positions [p0, p1), row p - p0 holding rope_dims / 2 values:
+// theta_i = pos * base^(-2i / rope_dims), in double, rounded to fp32 once.
+// Every backend's tables come from here, so their angles are the same.
+void rope_tables(const ModelConfig& c, int64_t p0, int64_t p1, float* cos, float* sin);
+
 // The backend for opts.device. CUDA in a build without it, or on a machine
 // without a usable GPU, is one barata::Error saying why.
 std::unique_ptr<Backend> make_backend(const BackendOptions& opts);

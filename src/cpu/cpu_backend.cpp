@@ -246,15 +246,7 @@ void CpuBackend::ensure_rope(int64_t n_pos) {
   const int64_t want = std::min(n_ctx_, std::max({n_pos, 2 * have, int64_t{256}}));
   rope_cos_.resize(static_cast<size_t>(want * half));
   rope_sin_.resize(rope_cos_.size());
-  for (int64_t p = have; p < want; ++p) {
-    for (int64_t i = 0; i < half; ++i) {
-      const double theta =
-          static_cast<double>(p) *
-          std::pow(static_cast<double>(c.rope_base), -2.0 * static_cast<double>(i) / c.rope_dims);
-      rope_cos_[p * half + i] = static_cast<float>(std::cos(theta));
-      rope_sin_[p * half + i] = static_cast<float>(std::sin(theta));
-    }
-  }
+  rope_tables(c, have, want, rope_cos_.data() + have * half, rope_sin_.data() + have * half);
 }
 
 void CpuBackend::rope_kv(int64_t layer, float* q, float* k, const float* v) {

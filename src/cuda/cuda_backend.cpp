@@ -541,14 +541,7 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
   // RoPE tables for every position, as the CPU makes them (double, rounded).
   const int64_t half_dims = c.rope_dims / 2;
   std::vector<float> cs(static_cast<size_t>(n_ctx * half_dims)), sn(cs.size());
-  for (int64_t p = 0; p < n_ctx; ++p)
-    for (int64_t i = 0; i < half_dims; ++i) {
-      const double theta =
-          static_cast<double>(p) *
-          std::pow(static_cast<double>(c.rope_base), -2.0 * static_cast<double>(i) / c.rope_dims);
-      cs[static_cast<size_t>(p * half_dims + i)] = static_cast<float>(std::cos(theta));
-      sn[static_cast<size_t>(p * half_dims + i)] = static_cast<float>(std::sin(theta));
-    }
+  rope_tables(c, 0, n_ctx, cs.data(), sn.data());
   float* d_cos = static_cast<float*>(arena_.alloc(rope_bytes / 2, "RoPE tables"));
   float* d_sin = static_cast<float*>(arena_.alloc(rope_bytes / 2, "RoPE tables"));
   BARATA_CUDA_CHECK(cudaMemcpy(d_cos, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
