@@ -151,5 +151,112 @@ TEST(KvCache, PoolExhaustionAndMisuseAreErrors) {
   EXPECT_EQ(c.bytes_per_token(), 2 * kLayers * kDim * 2);
 }
 
+// ---- prefix caching (KvBlockManager) -----------------------------------------
+
+std::vector<int32_t> ids(int64_t n, int32_t salt = 0) {
+  std::vector<int32_t> v;
+  for (int64_t i = 0; i < n; ++i) v.push_back(static_cast<int32_t>(i * 3 + salt));
+  return v;
+}
+
+TEST(PrefixCache, PublishedBlocksAreTakenByReference) {
+  KvBlockManager m(16);
+  m.set_prefix_caching(true);
+  const auto t = ids(3 * B + 5);
+  const int a = m.new_sequence();
+  EXPECT_EQ(m.attach_prefix(a, t), 0) << "a cold cache";
+  m.append(a, static_cast<int64_t>(t.size()), nullptr);
+  m.publish(a, t);
+  EXPECT_EQ(m.cached_blocks(), 3) << "full blocks only";
+  const int b = m.new_sequence();
+  EXPECT_EQ(m.attach_prefix(b, t), 3 * B);
+  EXPECT_EQ(m.length(b), 3 * B);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(m.table(b)[static_cast<size_t>(i)], m.table(a)[static_cast<size_t>(i)]);
+    EXPECT_EQ(m.refcount(m.table(a)[static_cast<size_t>(i)]), 2);
+  }
+  EXPECT_EQ(m.shared_blocks(), 3);
+  EXPECT_EQ(m.blocks_in_use(), 4) << "nothing new taken";
+  // A prompt that is exactly 3 blocks leaves its last block to compute.
+  const int c = m.new_sequence();
+  EXPECT_EQ(m.attach_prefix(c, std::span(t).first(3 * B)), 2 * B);
+  // A different second block stops the match after the first.
+  auto u = t;
+  u[B + 2] += 1;
+  const int d = m.new_sequence();
+  EXPECT_EQ(m.attach_prefix(d, u), B);
+  // The chain is on content and position: the same tokens later in a prompt do not match.
+  auto shifted = ids(B, 99);
+  shifted.insert(shifted.end(), t.begin(), t.end());
+  const int e = m.new_sequence();
+  EXPECT_EQ(m.attach_prefix(e, shifted), 0);
+}
+
+TEST(PrefixCache, FreedBlocksStayCachedAndAreEvictedLeastRecentlyUsedFirst) {
+  KvBlockManager m(4);
+  m.set_prefix_caching(true);
+  const auto t1 = ids(2 * B, 1), t2 = ids(2 * B, 2);
+  const int a = m.new_sequence();
+  m.append(a, 2 * B, nullptr);
+  m.publish(a, t1);
+  m.free_sequence(a);
+  const int b = m.new_sequence();
+  m.append(b, 2 * B, nullptr);
+  m.publish(b, t2);
+  m.free_sequence(b);
+  EXPECT_EQ(m.blocks_in_use(), 0);
+  EXPECT_EQ(m.free_blocks(), 4) << "cached blocks count as free";
+  EXPECT_EQ(m.cached_blocks(), 4);
+  // t1 used again: t2's blocks are now the least recently used.
+  const int c = m.new_sequence();
+  EXPECT_EQ(m.attach_prefix(c, ids(2 * B + 1, 1)), 2 * B);
+  m.free_sequence(c);
+  const int d = m.new_sequence();
+  m.append(d, B, nullptr);  // needs one block: evicts t2's first
+  EXPECT_EQ(m.prefix_stats().evictions, 1);
+  const int e = m.new_sequence();
+  EXPECT_EQ(m.attach_prefix(e, ids(2 * B + 1, 1)), 2 * B) << "t1 survived";
+  const int f = m.new_sequence();
+  EXPECT_EQ(m.attach_prefix(f, ids(2 * B + 1, 2)), 0) << "t2's chain is broken";
+}
+
+TEST(PrefixCache, APublishedBlockIsCopiedBeforeAWrite) {
+  KvBlockManager m(8);
+  m.set_prefix_caching(true);
+  const auto t = ids(2 * B);
+  const int a = m.new_sequence();
+  m.append(a, 2 * B, nullptr);
+  m.publish(a, t);
+  const int32_t second = m.table(a)[1];
+  m.truncate(a, B + 3);  // into the published second block
+  std::vector<KvBlockManager::Copy> copies;
+  EXPECT_EQ(m.blocks_needed(a, 1), 1);
+  m.append(a, 1, &copies);
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_EQ(copies[0].from, second);
+  EXPECT_NE(m.table(a)[1], second);
+  const int b = m.new_sequence();
+  EXPECT_EQ(m.attach_prefix(b, ids(2 * B + 1)), 2 * B) << "the cached block is intact";
+  EXPECT_EQ(m.table(b)[1], second);
+}
+
+TEST(PrefixCache, OffByDefaultAndClearable) {
+  KvBlockManager m(8);
+  const auto t = ids(2 * B + 1);
+  const int a = m.new_sequence();
+  m.append(a, 2 * B, nullptr);
+  m.publish(a, t);
+  EXPECT_EQ(m.cached_blocks(), 0);
+  m.set_prefix_caching(true);
+  m.publish(a, t);
+  EXPECT_EQ(m.cached_blocks(), 2);
+  m.free_sequence(a);
+  m.clear_prefix_cache();
+  EXPECT_EQ(m.cached_blocks(), 0);
+  EXPECT_EQ(m.free_blocks(), 8);
+  const int b = m.new_sequence();
+  EXPECT_EQ(m.attach_prefix(b, t), 0);
+}
+
 }  // namespace
 }  // namespace barata

@@ -44,6 +44,7 @@ class Engine {
   int n_threads() const;
   Backend& backend() { return *backend_; }
   const KvBlockManager& blocks() const { return blocks_; }
+  KvBlockManager& blocks() { return blocks_; }  // prefix caching, the scheduler
   int64_t kv_bytes_per_token() const { return kv_layout_.bytes_per_token(); }
 
   int new_sequence() { return blocks_.new_sequence(); }

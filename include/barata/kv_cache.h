@@ -9,8 +9,12 @@
 // every backend.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <span>
+#include <unordered_map>
 #include <vector>
 
 namespace barata {
@@ -58,6 +62,31 @@ class KvBlockManager {
 
   const std::vector<int32_t>& table(int seq) const;  // position / kBlockTokens -> block id
 
+  // Prefix caching (off until enabled). A full block, once its K/V is
+  // written, is published under a hash chained over (the previous block's
+  // hash, its token ids), as vLLM's automatic prefix caching does. A
+  // published block is never written again (an append into it copies it
+  // first); when no sequence holds it any more it stays cached and is
+  // evicted, least recently used first, only when the pool needs a block.
+  void set_prefix_caching(bool on);
+  bool prefix_caching() const { return prefix_on_; }
+  // On an empty sequence: takes by reference the longest run of cached full
+  // blocks that begins `tokens`, leaving at least one token to compute;
+  // returns the number of tokens taken (a multiple of kBlockTokens).
+  int64_t attach_prefix(int seq, std::span<const int32_t> tokens);
+  // Publishes seq's full blocks not yet published; tokens holds at least its
+  // first length(seq) ids.
+  void publish(int seq, std::span<const int32_t> tokens);
+  // Forgets every cached block (cold cache); blocks in use stay in use.
+  void clear_prefix_cache();
+  struct PrefixStats {
+    int64_t lookups = 0, hit_blocks = 0, evictions = 0, published = 0;
+  };
+  const PrefixStats& prefix_stats() const { return prefix_stats_; }
+  int64_t cached_blocks() const { return static_cast<int64_t>(by_hash_.size()); }
+  int64_t shared_blocks() const;  // blocks held by more than one sequence now
+  int32_t refcount(int32_t block) const;
+
   int64_t max_blocks() const { return max_blocks_; }
   int64_t blocks_in_use() const { return n_in_use_; }
   int64_t free_blocks() const { return max_blocks_ - n_in_use_; }
@@ -68,7 +97,17 @@ class KvBlockManager {
     bool live = false;
     int64_t n_tokens = 0;
     std::vector<int32_t> blocks;
+    std::vector<uint64_t> hashes;  // chained hash of each published leading block
   };
+  // A published block: its hash, its parent's and its tokens (checked on a hit).
+  struct Cached {
+    uint64_t hash = 0, parent = 0;
+    std::array<int32_t, kKvBlockTokens> tokens{};
+    int64_t lru_tick = -1;  // while in lru_ (refcount 0)
+    bool published = false;
+  };
+  bool must_copy(const Sequence& s, int64_t n) const;
+  void unpublish(int32_t b);
   const Sequence& live(int seq) const;
   Sequence& live(int seq);
   int32_t take_block();
@@ -79,6 +118,12 @@ class KvBlockManager {
   std::vector<int32_t> free_;      // used ids whose refcount fell to 0
   int64_t n_in_use_ = 0;
   std::vector<Sequence> seqs_;
+  bool prefix_on_ = false;
+  std::vector<Cached> cached_;                     // per block id ever used
+  std::unordered_map<uint64_t, int32_t> by_hash_;  // published blocks
+  std::map<int64_t, int32_t> lru_;                 // tick -> published block with refcount 0
+  int64_t tick_ = 0;
+  PrefixStats prefix_stats_;
 };
 
 // A pool of blocks in host memory: one mapping, made up front and never

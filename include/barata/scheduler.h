@@ -1,0 +1,209 @@
+// Who runs in the next forward call: waiting and running queues over an
+// engine's paged KV cache, with continuous or static batching, chunked
+// prefill, preemption by recompute when blocks run out, and prefix caching.
+// One loop drives every generation in barata (run, bench, batch): a single
+// request is a batch of one.
+//
+// A step: (1) every running sequence that has finished its prompt gets one
+// decode row; (2) sequences still in their prompt get prefill rows (chunks)
+// from what is left of the token budget; (3) waiting requests are admitted
+// into free slots while the budget and the pool allow. When the pool cannot
+// hold a step's rows, the youngest running sequence is preempted: its blocks
+// are freed and it goes back to the front of the queue, to be recomputed
+// (prompt and the tokens generated so far) when it is admitted again. Its
+// sampler lives on, so its output is what it would have been.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "barata/batch.h"
+#include "barata/kv_cache.h"
+#include "barata/sampler.h"
+#include "barata/tokenizer.h"
+
+namespace barata {
+
+class Engine;
+
+// What the scheduler drives: a KV block manager and a forward call over it.
+// Engine is one (EngineSteps below); tests drive a fake.
+class StepEngine {
+ public:
+  virtual ~StepEngine() = default;
+  virtual KvBlockManager& blocks() = 0;
+  virtual int64_t n_ctx() const = 0;
+  virtual int64_t n_vocab() const = 0;
+  // As Engine::forward: checks the batch, appends its rows, and writes
+  // batch.n_logits() x n_vocab logits in row order.
+  virtual void forward(Batch& batch, float* logits) = 0;
+};
+
+// An Engine as a StepEngine.
+class EngineSteps final : public StepEngine {
+ public:
+  explicit EngineSteps(Engine& e) : e_(e) {}
+  KvBlockManager& blocks() override;
+  int64_t n_ctx() const override;
+  int64_t n_vocab() const override;
+  void forward(Batch& batch, float* logits) override;
+
+ private:
+  Engine& e_;
+};
+
+enum class BatchPolicy { kContinuous, kStatic };
+const char* policy_name(BatchPolicy p);
+
+struct Request {
+  std::string id;                 // a caller's name for it (JSONL "id"), may be empty
+  std::vector<int32_t> prompt;    // token ids, BOS included when wanted
+  SamplerOptions sampling;        // its own seed
+  int64_t max_tokens = 256;       // tokens to generate at most
+  bool ignore_eos = false;        // generate max_tokens whatever is sampled
+  std::vector<std::string> stop;  // stop strings (need SchedulerOptions::tokenizer)
+  double arrival_s = 0;           // when it arrives, seconds after the scheduler's clock zero
+};
+
+enum class SeqStatus { kWaiting, kRunning, kFinished, kFailed };
+// eos: an end-of-generation token; length: max_tokens; stop: a stop string;
+// context: the sequence filled n_ctx; cancelled; error: refused (see error).
+enum class FinishReason { kNone, kEos, kLength, kStop, kContext, kCancelled, kError };
+const char* finish_name(FinishReason r);
+
+struct Sequence {
+  int id = 0;  // submission order, from 0
+  Request req;
+  Sampler sampler;
+  std::vector<int32_t> tokens;  // prompt, then every generated token
+  int64_t n_prompt = 0;
+  int64_t n_computed = 0;  // leading tokens whose K/V the cache holds
+  int kv = -1;             // the engine's sequence while it holds blocks
+  SeqStatus status = SeqStatus::kWaiting;
+  FinishReason finish = FinishReason::kNone;
+  std::string error;  // why it failed (status kFailed)
+  std::string text;   // generated text so far (with a tokenizer), stop string excluded
+
+  // Accounting. Times are the scheduler clock's seconds; -1: not yet.
+  double t_admitted = -1, t_first_token = -1, t_finished = -1;
+  int64_t step_admitted = -1, step_first_token = -1, step_finished = -1;
+  int64_t n_preemptions = 0;
+  int64_t prefix_hit_tokens = 0;  // prompt tokens taken from the prefix cache
+  int64_t prefill_rows = 0;       // rows computed before the first token (recompute included)
+  int64_t admit_order = -1;       // admission counter (the youngest is preempted first)
+
+  explicit Sequence(SamplerOptions s) : sampler(s) {}
+  std::span<const int32_t> output() const {
+    return std::span<const int32_t>(tokens).subspan(static_cast<size_t>(n_prompt));
+  }
+  bool done() const { return status == SeqStatus::kFinished || status == SeqStatus::kFailed; }
+  double latency_s() const { return t_finished - req.arrival_s; }
+  double ttft_s() const { return t_first_token - req.arrival_s; }
+
+  std::unique_ptr<StreamDecoder> decoder;  // with a tokenizer
+};
+
+struct SchedulerOptions {
+  BatchPolicy policy = BatchPolicy::kContinuous;
+  int slots = 8;                   // sequences running at once
+  int64_t max_batch_tokens = 512;  // rows per forward call (decode rows + prefill chunks)
+  bool prefix_cache = true;        // share cached full blocks of common prompt prefixes
+  // End-of-generation ids (EOS, end of turn); a request with ignore_eos
+  // ignores them.
+  std::function<bool(int32_t)> is_eog;
+  // For text and stop strings; may be null (then Request::stop must be empty).
+  const Tokenizer* tokenizer = nullptr;
+  // Seconds since some zero; the default is a steady clock from construction.
+  std::function<double()> clock;
+  // Static batching only: padding rows (finished slots of the batch) are
+  // computed like the others, as a padded static batch does, and counted.
+  bool compute_padding = true;
+};
+
+// What one step did.
+struct StepInfo {
+  int64_t rows = 0, decode_rows = 0, prefill_rows = 0, padding_rows = 0;
+  int64_t running = 0;  // sequences holding a slot during the step (padding included)
+  int64_t admitted = 0, finished = 0, preempted = 0;
+  double ms = 0;  // the forward call
+};
+
+struct SchedulerStats {
+  int64_t steps = 0;
+  int64_t rows = 0, decode_rows = 0, prefill_rows = 0, padding_rows = 0;
+  int64_t busy_slot_steps = 0;     // sum over steps of sequences doing useful work
+  int64_t padding_slot_steps = 0;  // static: finished sequences kept in the batch
+  int64_t preemptions = 0;
+  int64_t prompt_tokens = 0;      // over admitted requests (first admission)
+  int64_t prefix_hit_tokens = 0;  // prompt tokens taken from the prefix cache
+  int64_t prefix_lookups = 0, prefix_hit_blocks = 0;
+  int64_t generated_tokens = 0;
+  int64_t failed = 0;
+  double forward_ms = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(StepEngine& engine, SchedulerOptions opts);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request; returns its sequence id. A request that can never run
+  // (empty prompt, a prompt that with one generated token would not fit the
+  // context or the whole pool, a token outside the vocabulary, stop strings
+  // without a tokenizer) fails at once with an error; the others are
+  // unaffected.
+  int submit(Request r);
+
+  // One forward call, or none when nothing can run (nothing waiting, or
+  // every waiting request still to arrive). Throws what the engine throws.
+  StepInfo step();
+  // Steps until every request is done or keep_going() returns false. When
+  // nothing can run until a request arrives, sleeps until it does.
+  void run(const std::function<bool()>& keep_going = {});
+  bool idle() const;  // nothing waiting or running
+  void cancel(int id);
+
+  // Called after each generated token (the sequence's tokens include it);
+  // `piece` is its text when a tokenizer is set (possibly empty).
+  std::function<void(const Sequence&, int32_t token, std::string_view piece)> on_token;
+  // Called once when a sequence finishes or fails.
+  std::function<void(const Sequence&)> on_finish;
+  // Called with a sequence's logits just before its next token is sampled
+  // (the sampler may change them afterwards); for --top-logits and the like.
+  std::function<void(const Sequence&, std::span<const float> logits)> on_logits;
+
+  const Sequence& sequence(int id) const { return *seqs_.at(static_cast<size_t>(id)); }
+  int64_t n_sequences() const { return static_cast<int64_t>(seqs_.size()); }
+  const SchedulerStats& stats() const { return stats_; }
+  const SchedulerOptions& options() const { return opts_; }
+  double now() const { return opts_.clock(); }
+
+ private:
+  struct Plan;
+  bool admissible(const Sequence& s, bool new_batch) const;
+  void admit(Sequence& s);
+  void preempt(Sequence& s);
+  void finish(Sequence& s, FinishReason r);
+  void fail_request(Sequence& s, std::string why);
+  void release(Sequence& s);
+  bool emit(Sequence& s, int32_t token);  // true when the sequence stops
+
+  StepEngine& engine_;
+  SchedulerOptions opts_;
+  std::vector<std::unique_ptr<Sequence>> seqs_;
+  std::deque<int> waiting_;   // ids, front first
+  std::vector<int> running_;  // ids holding slots, admission order
+  SchedulerStats stats_;
+  int64_t admit_counter_ = 0;
+  Batch batch_;
+  std::vector<float> logits_;
+};
+
+}  // namespace barata

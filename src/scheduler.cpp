@@ -1,0 +1,485 @@
+#include "barata/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "barata/engine.h"
+#include "barata/error.h"
+#include "barata/tokenizer.h"
+
+namespace barata {
+
+KvBlockManager& EngineSteps::blocks() {
+  return e_.blocks();
+}
+int64_t EngineSteps::n_ctx() const {
+  return e_.n_ctx();
+}
+int64_t EngineSteps::n_vocab() const {
+  return e_.model().config().n_vocab;
+}
+void EngineSteps::forward(Batch& batch, float* logits) {
+  e_.forward(batch, logits);
+}
+
+const char* policy_name(BatchPolicy p) {
+  return p == BatchPolicy::kStatic ? "static" : "continuous";
+}
+
+const char* finish_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kContext:
+      return "context";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "?";
+}
+
+namespace {
+int64_t blocks_for(int64_t tokens) {
+  return (tokens + kKvBlockTokens - 1) / kKvBlockTokens;
+}
+}  // namespace
+
+Scheduler::Scheduler(StepEngine& engine, SchedulerOptions opts)
+    : engine_(engine), opts_(std::move(opts)) {
+  if (opts_.slots < 1) fail("scheduler: {} slots (need at least 1)", opts_.slots);
+  if (opts_.max_batch_tokens < 1)
+    fail("scheduler: a token budget of {} per step (need at least 1)", opts_.max_batch_tokens);
+  if (!opts_.clock) {
+    const auto t0 = std::chrono::steady_clock::now();
+    opts_.clock = [t0] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+  }
+  engine_.blocks().set_prefix_caching(opts_.prefix_cache);
+  logits_.resize(static_cast<size_t>(engine_.n_vocab()));
+}
+
+Scheduler::~Scheduler() {
+  // The sequences' blocks go back to the engine (which outlives us).
+  for (int id : running_) {
+    Sequence& s = *seqs_[static_cast<size_t>(id)];
+    if (s.kv >= 0 && engine_.blocks().exists(s.kv)) engine_.blocks().free_sequence(s.kv);
+    s.kv = -1;
+  }
+}
+
+int Scheduler::submit(Request r) {
+  const int id = static_cast<int>(seqs_.size());
+  auto owned = std::make_unique<Sequence>(r.sampling);
+  Sequence& s = *owned;
+  seqs_.push_back(std::move(owned));
+  s.id = id;
+  s.req = std::move(r);
+  s.tokens = s.req.prompt;
+  s.n_prompt = static_cast<int64_t>(s.tokens.size());
+  if (opts_.tokenizer) s.decoder = std::make_unique<StreamDecoder>(*opts_.tokenizer);
+
+  const int64_t n_ctx = engine_.n_ctx(), n_vocab = engine_.n_vocab();
+  const KvBlockManager& kv = engine_.blocks();
+  if (s.tokens.empty()) {
+    fail_request(s, "the prompt is empty");
+    return id;
+  }
+  for (size_t i = 0; i < s.tokens.size(); ++i) {
+    if (s.tokens[i] < 0 || s.tokens[i] >= n_vocab) {
+      fail_request(s, fmt::format("prompt token {} has id {}, outside the vocabulary (0..{})", i,
+                                  s.tokens[i], n_vocab - 1));
+      return id;
+    }
+  }
+  if (s.n_prompt >= n_ctx) {
+    fail_request(
+        s, fmt::format("the prompt has {} tokens but the context holds {}", s.n_prompt, n_ctx));
+    return id;
+  }
+  if (blocks_for(s.n_prompt + 1) > kv.max_blocks()) {
+    fail_request(s, fmt::format("the prompt has {} tokens but the whole KV pool holds {}",
+                                s.n_prompt, kv.max_tokens()));
+    return id;
+  }
+  if (s.req.max_tokens < 0) {
+    fail_request(s, fmt::format("max_tokens is {}", s.req.max_tokens));
+    return id;
+  }
+  if (!s.req.stop.empty() && !opts_.tokenizer) {
+    fail_request(s, "stop strings need a tokenizer");
+    return id;
+  }
+  for (int32_t t : s.tokens) s.sampler.accept(t);
+  if (s.req.max_tokens == 0) {
+    s.status = SeqStatus::kFinished;
+    s.finish = FinishReason::kLength;
+    s.t_first_token = s.t_finished = std::max(now(), s.req.arrival_s);
+    if (on_finish) on_finish(s);
+    return id;
+  }
+  // Waiting in arrival order (ties: submission order).
+  // Preempted sequences stay at the front.
+  auto pos = waiting_.end();
+  while (pos != waiting_.begin()) {
+    const Sequence& w = *seqs_[static_cast<size_t>(*(pos - 1))];
+    if (w.n_preemptions > 0 || w.req.arrival_s <= s.req.arrival_s) break;
+    --pos;
+  }
+  waiting_.insert(pos, id);
+  return id;
+}
+
+bool Scheduler::idle() const {
+  return waiting_.empty() && running_.empty();
+}
+
+void Scheduler::fail_request(Sequence& s, std::string why) {
+  s.status = SeqStatus::kFailed;
+  s.finish = FinishReason::kError;
+  s.error = std::move(why);
+  s.t_finished = std::max(now(), s.req.arrival_s);
+  ++stats_.failed;
+  if (on_finish) on_finish(s);
+}
+
+void Scheduler::release(Sequence& s) {
+  if (s.kv >= 0) engine_.blocks().free_sequence(s.kv);
+  s.kv = -1;
+  s.n_computed = 0;
+}
+
+void Scheduler::finish(Sequence& s, FinishReason r) {
+  s.status = SeqStatus::kFinished;
+  s.finish = r;
+  s.t_finished = now();
+  s.step_finished = stats_.steps;
+  if (s.decoder) {
+    const std::string tail = s.decoder->flush();
+    if (r != FinishReason::kStop) s.text += tail;
+  }
+  if (on_finish) on_finish(s);
+}
+
+void Scheduler::preempt(Sequence& s) {
+  release(s);
+  s.status = SeqStatus::kWaiting;
+  ++s.n_preemptions;
+  ++stats_.preemptions;
+  running_.erase(std::find(running_.begin(), running_.end(), s.id));
+  waiting_.push_front(s.id);
+}
+
+void Scheduler::cancel(int id) {
+  Sequence& s = *seqs_.at(static_cast<size_t>(id));
+  if (s.done()) return;
+  if (s.status == SeqStatus::kWaiting) {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+  } else {
+    release(s);
+    running_.erase(std::find(running_.begin(), running_.end(), id));
+  }
+  finish(s, FinishReason::kCancelled);
+}
+
+// Appends a sampled token and checks the stop conditions; true when it stops.
+bool Scheduler::emit(Sequence& s, int32_t token) {
+  s.tokens.push_back(token);
+  s.sampler.accept(token);
+  ++stats_.generated_tokens;
+  if (s.t_first_token < 0) {
+    s.t_first_token = now();
+    s.step_first_token = stats_.steps;
+  }
+  const bool eog = !s.req.ignore_eos && opts_.is_eog && opts_.is_eog(token);
+  std::string piece;
+  if (s.decoder && !eog) piece = s.decoder->push(token);
+  FinishReason stop = FinishReason::kNone;
+  if (!piece.empty() && !s.req.stop.empty()) {
+    // A stop string may straddle pieces: search the new text with enough of the old.
+    size_t longest = 0;
+    for (const std::string& st : s.req.stop) longest = std::max(longest, st.size());
+    const size_t from = s.text.size() > longest ? s.text.size() - longest : 0;
+    s.text += piece;
+    size_t cut = std::string::npos;
+    for (const std::string& st : s.req.stop) {
+      if (st.empty()) continue;
+      const size_t at = s.text.find(st, from);
+      if (at != std::string::npos) cut = std::min(cut, at);
+    }
+    if (cut != std::string::npos) {
+      const size_t before = s.text.size() - piece.size();
+      piece = cut > before ? piece.substr(0, cut - before) : std::string();
+      s.text.resize(cut);
+      stop = FinishReason::kStop;
+    }
+  } else {
+    s.text += piece;
+  }
+  if (on_token) on_token(s, token, piece);
+  if (stop == FinishReason::kNone) {
+    if (eog)
+      stop = FinishReason::kEos;
+    else if (static_cast<int64_t>(s.output().size()) >= s.req.max_tokens)
+      stop = FinishReason::kLength;
+    else if (static_cast<int64_t>(s.tokens.size()) >= engine_.n_ctx())
+      stop = FinishReason::kContext;
+  }
+  if (stop == FinishReason::kNone) return false;
+  finish(s, stop);
+  return true;
+}
+
+bool Scheduler::admissible(const Sequence& s, bool new_batch) const {
+  if (s.req.arrival_s > now()) return false;
+  if (opts_.policy == BatchPolicy::kContinuous) return true;
+  // Static: a new batch only once the last one has wholly finished; a
+  // member preempted out of the running batch may come back into it.
+  return new_batch || s.n_preemptions > 0;
+}
+
+void Scheduler::admit(Sequence& s) {
+  waiting_.pop_front();
+  s.status = SeqStatus::kRunning;
+  s.admit_order = admit_counter_++;
+  if (s.t_admitted < 0) {
+    s.t_admitted = now();
+    s.step_admitted = stats_.steps;
+    stats_.prompt_tokens += s.n_prompt;
+  }
+  running_.push_back(s.id);
+}
+
+StepInfo Scheduler::step() {
+  StepInfo info;
+  KvBlockManager& kv = engine_.blocks();
+  const int64_t budget_total = opts_.max_batch_tokens;
+  const bool is_static = opts_.policy == BatchPolicy::kStatic;
+
+  // Static: the batch ends when every member has finished.
+  if (is_static && !running_.empty()) {
+    bool all_done = true;
+    for (int id : running_) all_done = all_done && seqs_[static_cast<size_t>(id)]->done();
+    if (all_done) {
+      for (int id : running_) release(*seqs_[static_cast<size_t>(id)]);
+      running_.clear();
+    }
+  }
+
+  // Rows per running sequence: decode rows first, then prefill chunks from
+  // what is left of the budget, then admissions; blocks checked throughout.
+  struct Work {
+    Sequence* s;
+    int64_t n;  // rows
+    bool padding;
+  };
+  std::vector<Work> work;
+  auto plan_running = [&] {
+    work.clear();
+    int64_t budget = budget_total;
+    for (int id : running_) {  // decode rows and padding
+      Sequence& s = *seqs_[static_cast<size_t>(id)];
+      if (s.done()) {
+        if (opts_.compute_padding && s.kv >= 0 && budget > 0) {
+          work.push_back({&s, 1, true});
+          --budget;
+        }
+      } else if (s.n_computed + 1 == static_cast<int64_t>(s.tokens.size()) && budget > 0) {
+        work.push_back({&s, 1, false});
+        --budget;
+      }
+    }
+    for (int id : running_) {  // prefill chunks, oldest first
+      Sequence& s = *seqs_[static_cast<size_t>(id)];
+      const int64_t left = static_cast<int64_t>(s.tokens.size()) - s.n_computed;
+      if (s.done() || left <= 1 || budget <= 0) continue;
+      const int64_t n = std::min(left, budget);
+      work.push_back({&s, n, false});
+      budget -= n;
+    }
+    return budget;
+  };
+  auto blocks_of = [&](const Work& w) {
+    // A padding row is written and then taken back: it needs its block only for the step.
+    return kv.blocks_needed(w.s->kv, w.n);
+  };
+  int64_t budget = plan_running();
+  for (;;) {
+    int64_t need = 0;
+    for (const Work& w : work) need += blocks_of(w);
+    if (need <= kv.free_blocks()) break;
+    // Out of blocks: padding goes first (finished members of a static batch
+    // stop being computed), then the youngest running sequence is preempted.
+    Sequence* victim = nullptr;
+    for (int id : running_) {
+      Sequence& s = *seqs_[static_cast<size_t>(id)];
+      if (s.done() && s.kv >= 0) {
+        victim = &s;
+        break;
+      }
+    }
+    if (victim) {
+      release(*victim);  // its result is kept; it stays in the batch as a slot, uncomputed
+    } else {
+      for (int id : running_) {
+        Sequence& s = *seqs_[static_cast<size_t>(id)];
+        if (!s.done() && (!victim || s.admit_order > victim->admit_order)) victim = &s;
+      }
+      if (!victim) break;
+      int64_t live = 0;
+      for (int id : running_) live += seqs_[static_cast<size_t>(id)]->done() ? 0 : 1;
+      if (live == 1) {
+        // Alone and still too big: the pool holds no more of it.
+        release(*victim);
+        running_.erase(std::find(running_.begin(), running_.end(), victim->id));
+        finish(*victim, FinishReason::kContext);
+      } else {
+        preempt(*victim);
+        ++info.preempted;
+      }
+    }
+    budget = plan_running();
+  }
+
+  // Admissions: first come, first served (no skipping: nobody starves),
+  // while a slot is free and the pool can hold the whole remaining prompt.
+  int64_t planned = 0;
+  for (const Work& w : work) planned += blocks_of(w);
+  const bool new_batch = running_.empty();
+  while (!waiting_.empty() && static_cast<int>(running_.size()) < opts_.slots) {
+    Sequence& s = *seqs_[static_cast<size_t>(waiting_.front())];
+    if (!admissible(s, new_batch)) break;
+    if (!is_static && budget <= 0) break;
+    s.kv = kv.new_sequence();
+    const int64_t hit = kv.attach_prefix(s.kv, s.tokens);
+    if (kv.prefix_caching()) {
+      ++stats_.prefix_lookups;
+      stats_.prefix_hit_blocks += hit / kKvBlockTokens;
+    }
+    const int64_t left = static_cast<int64_t>(s.tokens.size()) - hit;
+    if (planned + kv.blocks_needed(s.kv, left) > kv.free_blocks()) {
+      kv.free_sequence(s.kv);
+      s.kv = -1;
+      break;
+    }
+    s.n_computed = hit;
+    if (s.n_preemptions == 0) {
+      s.prefix_hit_tokens = hit;
+      stats_.prefix_hit_tokens += hit;
+    }
+    admit(s);
+    ++info.admitted;
+    if (budget > 0) {
+      const int64_t n = std::min(left, budget);
+      work.push_back({&s, n, false});
+      planned += blocks_of(work.back());
+      budget -= n;
+    }
+  }
+
+  if (work.empty()) return info;
+  // Slots: a sequence still generating is busy; a finished member of a
+  // static batch is padding, computed or not.
+  int64_t busy = 0, padding_slots = 0;
+  for (int id : running_) (seqs_[static_cast<size_t>(id)]->done() ? padding_slots : busy) += 1;
+  info.running = static_cast<int64_t>(running_.size());
+
+  batch_.clear();
+  for (const Work& w : work) {
+    Sequence& s = *w.s;
+    if (w.padding) {
+      batch_.add(s.tokens[static_cast<size_t>(s.n_computed)], s.n_computed, s.kv, true);
+      ++info.padding_rows;
+      continue;
+    }
+    for (int64_t i = 0; i < w.n; ++i) {
+      const int64_t p = s.n_computed + i;
+      const bool last = p + 1 == static_cast<int64_t>(s.tokens.size());
+      batch_.add(s.tokens[static_cast<size_t>(p)], p, s.kv, last);
+    }
+    if (w.n == 1 && s.n_computed + 1 == static_cast<int64_t>(s.tokens.size()) &&
+        s.t_first_token >= 0)
+      ++info.decode_rows;
+    else
+      info.prefill_rows += w.n;
+    if (s.t_first_token < 0) s.prefill_rows += w.n;
+  }
+  info.rows = batch_.size();
+  const int64_t n_logits = batch_.n_logits();
+  if (static_cast<int64_t>(logits_.size()) < n_logits * engine_.n_vocab())
+    logits_.resize(static_cast<size_t>(n_logits * engine_.n_vocab()));
+  const auto t0 = std::chrono::steady_clock::now();
+  engine_.forward(batch_, logits_.data());
+  info.ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ++stats_.steps;
+
+  // Each sequence's new tokens are in the cache; the last row of a finished
+  // prompt (or a decode row) gives its next token.
+  int64_t logit_row = 0;
+  std::vector<Sequence*> finished_now;
+  for (const Work& w : work) {
+    Sequence& s = *w.s;
+    if (w.padding) {
+      kv.truncate(s.kv, s.n_computed);  // the padding row is taken back
+      ++logit_row;
+      continue;
+    }
+    s.n_computed += w.n;
+    kv.publish(s.kv, s.tokens);
+    if (s.n_computed != static_cast<int64_t>(s.tokens.size())) continue;
+    std::span<float> lg(logits_.data() + logit_row * engine_.n_vocab(),
+                        static_cast<size_t>(engine_.n_vocab()));
+    ++logit_row;
+    if (on_logits) on_logits(s, lg);
+    // The sampled token is not in the cache yet: the next step feeds it.
+    const int32_t next = s.sampler.sample(lg);
+    if (emit(s, next)) finished_now.push_back(&s);
+  }
+  for (Sequence* s : finished_now) {
+    ++info.finished;
+    if (!is_static) {
+      release(*s);
+      running_.erase(std::find(running_.begin(), running_.end(), s->id));
+    }
+  }
+
+  stats_.rows += info.rows;
+  stats_.decode_rows += info.decode_rows;
+  stats_.prefill_rows += info.prefill_rows;
+  stats_.padding_rows += info.padding_rows;
+  stats_.busy_slot_steps += busy;
+  stats_.padding_slot_steps += padding_slots;
+  stats_.forward_ms += info.ms;
+  return info;
+}
+
+void Scheduler::run(const std::function<bool()>& keep_going) {
+  while (!idle()) {
+    if (keep_going && !keep_going()) return;
+    const StepInfo info = step();
+    if (info.rows > 0 || idle()) continue;
+    // Nothing could run: the next request has not arrived yet.
+    double next = -1;
+    for (int id : waiting_) {
+      const double a = seqs_[static_cast<size_t>(id)]->req.arrival_s;
+      if (next < 0 || a < next) next = a;
+    }
+    const double wait = next - now();
+    if (next < 0 || (wait <= 0 && running_.empty()))
+      fail("internal: scheduler: nothing can run ({} waiting, {} running, {} free blocks)",
+           waiting_.size(), running_.size(), engine_.blocks().free_blocks());
+    if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait, 0.05)));
+  }
+}
+
+}  // namespace barata

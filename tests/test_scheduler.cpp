@@ -1,0 +1,468 @@
+// The scheduler: over a fake engine whose "KV cache" holds the token ids
+// themselves (so a wrong block shows up as a wrong next token), and over the
+// real engine on the committed tiny model, where every request's greedy
+// output must equal its output run alone, whatever the policy, slots, token
+// budget, pool size (preemption) or prefix cache.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "barata/engine.h"
+#include "barata/error.h"
+#include "barata/model.h"
+#include "barata/scheduler.h"
+#include "test_util.h"
+
+namespace barata {
+namespace {
+
+// A StepEngine whose cache blocks store the tokens written at each slot; a
+// row's logits pick a token hashed from the tokens its block table reads back.
+class FakeEngine final : public StepEngine {
+ public:
+  FakeEngine(int64_t n_blocks, int64_t n_ctx = 512, int64_t n_vocab = 97)
+      : blocks_(n_blocks),
+        n_ctx_(n_ctx),
+        n_vocab_(n_vocab),
+        store_(static_cast<size_t>(n_blocks * kKvBlockTokens), -1) {}
+  KvBlockManager& blocks() override { return blocks_; }
+  int64_t n_ctx() const override { return n_ctx_; }
+  int64_t n_vocab() const override { return n_vocab_; }
+  void forward(Batch& b, float* logits) override {
+    std::vector<KvBlockManager::Copy> copies;
+    plan_batch(b, blocks_, n_ctx_, n_vocab_, &copies);
+    for (const auto& c : copies)
+      std::copy_n(store_.begin() + c.from * kKvBlockTokens, kKvBlockTokens,
+                  store_.begin() + c.to * kKvBlockTokens);
+    for (int64_t t = 0; t < b.size(); ++t)
+      store_[static_cast<size_t>(b.rows[static_cast<size_t>(t)].slot)] = b.tokens[t];
+    widths.push_back(b.size());
+    std::map<int32_t, int64_t> rows_of;
+    for (int64_t t = 0; t < b.size(); ++t) ++rows_of[b.seq_ids[t]];
+    mixed.push_back(rows_of.size() > 1 && std::any_of(rows_of.begin(), rows_of.end(),
+                                                      [](auto& kv) { return kv.second > 1; }));
+    int64_t out = 0;
+    for (int32_t r : b.logit_rows) {
+      const BatchRowMeta& m = b.rows[static_cast<size_t>(r)];
+      uint64_t h = 1469598103934665603ULL;
+      for (int32_t p = 0; p <= m.pos; ++p) {
+        const int32_t blk = b.block_tables[static_cast<size_t>(m.table + p / kKvBlockTokens)];
+        const int32_t tok = store_[static_cast<size_t>(blk * kKvBlockTokens + p % kKvBlockTokens)];
+        h = (h ^ static_cast<uint32_t>(tok)) * 1099511628211ULL;
+      }
+      float* row = logits + out * n_vocab_;
+      std::fill(row, row + n_vocab_, 0.0f);
+      row[1 + (h >> 17) % static_cast<uint64_t>(n_vocab_ - 1)] = 1.0f;  // never 0 (the EOS)
+      ++out;
+    }
+  }
+  std::vector<int64_t> widths;
+  std::vector<bool> mixed;  // a prefill chunk rode with another sequence's rows
+
+ private:
+  KvBlockManager blocks_;
+  int64_t n_ctx_, n_vocab_;
+  std::vector<int32_t> store_;
+};
+
+SamplerOptions greedy() {
+  SamplerOptions s;
+  s.temperature = 0;
+  return s;
+}
+
+Request req(int64_t prompt_len, int64_t max_tokens, int32_t salt, int64_t shared = 0) {
+  Request r;
+  for (int64_t i = 0; i < prompt_len; ++i)
+    r.prompt.push_back(
+        static_cast<int32_t>(i < shared ? 1 + (i * 7) % 90 : 1 + (salt * 31 + i * 13) % 90));
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  r.sampling = greedy();
+  return r;
+}
+
+std::vector<Request> mixed_requests(int64_t shared = 0) {
+  const int64_t lens[] = {5, 40, 17, 3, 33, 9, 64, 1, 22, 16};
+  const int64_t outs[] = {12, 3, 30, 7, 1, 25, 4, 18, 9, 16};
+  std::vector<Request> rs;
+  for (int i = 0; i < 10; ++i) rs.push_back(req(lens[i] + shared, outs[i], i, shared));
+  return rs;
+}
+
+using Outputs = std::vector<std::vector<int32_t>>;
+
+Outputs run_all(StepEngine& e, const std::vector<Request>& rs, SchedulerOptions o,
+                SchedulerStats* stats = nullptr) {
+  Scheduler s(e, o);
+  for (const Request& r : rs) s.submit(r);
+  s.run();
+  Outputs out;
+  for (int64_t i = 0; i < s.n_sequences(); ++i) {
+    const Sequence& q = s.sequence(static_cast<int>(i));
+    EXPECT_EQ(q.status, SeqStatus::kFinished) << i << ": " << q.error;
+    out.emplace_back(q.output().begin(), q.output().end());
+  }
+  if (stats) *stats = s.stats();
+  return out;
+}
+
+// Each request alone, one slot, a pool big enough, no prefix cache.
+Outputs run_alone(const std::vector<Request>& rs, std::function<std::unique_ptr<StepEngine>()> mk) {
+  Outputs out;
+  for (const Request& r : rs) {
+    auto e = mk();
+    SchedulerOptions o;
+    o.slots = 1;
+    o.prefix_cache = false;
+    out.push_back(run_all(*e, {r}, o).front());
+  }
+  return out;
+}
+
+std::unique_ptr<StepEngine> fake(int64_t blocks = 256) {
+  return std::make_unique<FakeEngine>(blocks);
+}
+
+TEST(Scheduler, ContinuousEqualsAloneAtAnySlotsAndBudget) {
+  const auto rs = mixed_requests();
+  const Outputs alone = run_alone(rs, [] { return fake(); });
+  for (int slots : {1, 3, 8}) {
+    for (int64_t budget : {1, 7, 512}) {
+      FakeEngine e(256);
+      SchedulerOptions o;
+      o.slots = slots;
+      o.max_batch_tokens = budget;
+      SchedulerStats st;
+      EXPECT_EQ(run_all(e, rs, o, &st), alone) << slots << " slots, budget " << budget;
+      for (int64_t w : e.widths) EXPECT_LE(w, budget);
+      EXPECT_EQ(st.preemptions, 0);
+      EXPECT_EQ(e.blocks().blocks_in_use(), 0) << "every block returned";
+    }
+  }
+}
+
+TEST(Scheduler, ChunkedPrefillRidesWithDecodeRows) {
+  FakeEngine e(256);
+  SchedulerOptions o;
+  o.slots = 4;
+  o.max_batch_tokens = 8;
+  Scheduler s(e, o);
+  s.submit(req(4, 20, 1));
+  s.step();  // the short prompt alone
+  s.step();  // it decodes
+  s.submit(req(50, 2, 2));
+  const StepInfo i = s.step();
+  EXPECT_EQ(i.decode_rows, 1);
+  EXPECT_EQ(i.prefill_rows, 7) << "the long prompt takes what the budget leaves";
+  EXPECT_TRUE(e.mixed.back());
+  s.run();
+  EXPECT_EQ(s.sequence(1).prefill_rows, 50);
+  EXPECT_EQ(s.sequence(0).output().size(), 20u);
+}
+
+TEST(Scheduler, AdmissionIsFirstComeFirstServed) {
+  FakeEngine e(256);
+  SchedulerOptions o;
+  o.slots = 2;
+  Scheduler s(e, o);
+  for (int i = 0; i < 6; ++i) s.submit(req(3 + i, 2 + (5 - i), i));
+  s.run();
+  for (int i = 1; i < 6; ++i)
+    EXPECT_LE(s.sequence(i - 1).admit_order, s.sequence(i).admit_order) << i;
+  // Two slots: the third request is admitted only when one of the first two finishes.
+  EXPECT_GE(s.sequence(2).step_admitted,
+            std::min(s.sequence(0).step_finished, s.sequence(1).step_finished));
+}
+
+TEST(Scheduler, NoStarvationOfABigRequestAtTheFront) {
+  // 12 blocks: the 100-token prompt needs 7; small requests behind it must
+  // not overtake it forever.
+  FakeEngine e(12);
+  SchedulerOptions o;
+  o.slots = 4;
+  Scheduler s(e, o);
+  s.submit(req(40, 30, 0));
+  s.submit(req(100, 4, 1));
+  for (int i = 2; i < 12; ++i) s.submit(req(10, 5, i));
+  s.run();
+  EXPECT_EQ(s.sequence(1).status, SeqStatus::kFinished);
+  for (int i = 2; i < 12; ++i) EXPECT_GT(s.sequence(i).admit_order, s.sequence(1).admit_order);
+}
+
+TEST(Scheduler, PreemptionRecomputesAndChangesNothing) {
+  const auto rs = mixed_requests();
+  const Outputs alone = run_alone(rs, [] { return fake(); });
+  // 10 blocks of 16 tokens: the longest request (64 + 4) alone needs 5.
+  FakeEngine e(10);
+  SchedulerOptions o;
+  o.slots = 6;
+  SchedulerStats st;
+  EXPECT_EQ(run_all(e, rs, o, &st), alone);
+  EXPECT_GT(st.preemptions, 0);
+  EXPECT_EQ(e.blocks().blocks_in_use(), 0);
+}
+
+TEST(Scheduler, PreemptsTheYoungestFirst) {
+  FakeEngine e(6);
+  SchedulerOptions o;
+  o.slots = 3;
+  o.prefix_cache = false;
+  Scheduler s(e, o);
+  for (int i = 0; i < 3; ++i) s.submit(req(20, 40, i));  // 2 blocks each, growing to 4
+  int first_victim = -1;
+  while (!s.idle()) {
+    s.step();
+    for (int i = 0; i < 3 && first_victim < 0; ++i)
+      if (s.sequence(i).n_preemptions > 0) first_victim = i;
+  }
+  EXPECT_EQ(first_victim, 2);
+  EXPECT_EQ(s.sequence(0).n_preemptions, 0) << "the oldest runs through";
+}
+
+TEST(Scheduler, StaticBatchingPadsAndMatches) {
+  const auto rs = mixed_requests();
+  const Outputs alone = run_alone(rs, [] { return fake(); });
+  FakeEngine e(256);
+  SchedulerOptions o;
+  o.slots = 4;
+  o.policy = BatchPolicy::kStatic;
+  SchedulerStats st;
+  EXPECT_EQ(run_all(e, rs, o, &st), alone);
+  EXPECT_GT(st.padding_slot_steps, 0);
+  EXPECT_EQ(st.padding_rows, st.padding_slot_steps) << "padding is computed";
+  // Batches of 4 in order: {12,3,30,7} {1,25,4,18} {9,16}: 30 + 25 + 16 decode-or-prefill steps.
+  int64_t useful = 0;
+  for (const auto& r : rs) useful += r.max_tokens;
+  EXPECT_EQ(st.generated_tokens, useful);
+  const int64_t slot_steps = st.busy_slot_steps + st.padding_slot_steps;
+  EXPECT_EQ(st.padding_slot_steps, slot_steps - st.busy_slot_steps);
+  // Later batches start only after the earlier one has wholly finished.
+  Scheduler s(e, o);
+  for (const auto& r : rs) s.submit(r);
+  s.run();
+  int64_t end0 = 0;
+  for (int i = 0; i < 4; ++i) end0 = std::max(end0, s.sequence(i).step_finished);
+  for (int i = 4; i < 8; ++i) EXPECT_GE(s.sequence(i).step_admitted, end0);
+}
+
+TEST(Scheduler, StaticWithPreemptionMatches) {
+  // Five prompts of 17 tokens (2 blocks each) fill a pool of 10 blocks; as
+  // they grow towards 57 tokens the youngest are preempted.
+  std::vector<Request> rs;
+  for (int i = 0; i < 7; ++i) rs.push_back(req(17, 40 - 3 * i, i));
+  const Outputs alone = run_alone(rs, [] { return fake(); });
+  FakeEngine e(10);
+  SchedulerOptions o;
+  o.slots = 5;
+  o.policy = BatchPolicy::kStatic;
+  SchedulerStats st;
+  EXPECT_EQ(run_all(e, rs, o, &st), alone);
+  EXPECT_GT(st.preemptions, 0);
+  EXPECT_EQ(e.blocks().blocks_in_use(), 0);
+}
+
+TEST(Scheduler, PrefixCacheSharesBlocksAndChangesNothing) {
+  const auto rs = mixed_requests(/*shared=*/48);
+  const Outputs alone = run_alone(rs, [] { return fake(); });
+  FakeEngine e(512);
+  SchedulerOptions o;
+  o.slots = 4;
+  Scheduler s(e, o);
+  int64_t max_shared = 0;
+  s.on_token = [&](const Sequence&, int32_t, std::string_view) {
+    max_shared = std::max(max_shared, e.blocks().shared_blocks());
+  };
+  for (const auto& r : rs) s.submit(r);
+  s.run();
+  Outputs out;
+  for (int i = 0; i < 10; ++i)
+    out.emplace_back(s.sequence(i).output().begin(), s.sequence(i).output().end());
+  EXPECT_EQ(out, alone);
+  EXPECT_GE(max_shared, 3) << "the 48-token prefix is 3 blocks held by several sequences";
+  // The first four, admitted together, each compute the prefix (it is
+  // published once written); the six admitted later take its 3 blocks.
+  EXPECT_EQ(s.stats().prefix_hit_tokens, 6 * 48);
+  EXPECT_EQ(s.sequence(1).prefix_hit_tokens, 0);
+  EXPECT_EQ(s.sequence(5).prefix_hit_tokens, 48);
+  EXPECT_EQ(s.sequence(5).prefill_rows, 9);
+}
+
+TEST(Scheduler, PrefixCacheEvictsUnderPressure) {
+  const auto rs = mixed_requests(/*shared=*/32);
+  const Outputs alone = run_alone(rs, [] { return fake(); });
+  FakeEngine e(9);
+  SchedulerOptions o;
+  o.slots = 3;
+  SchedulerStats st;
+  EXPECT_EQ(run_all(e, rs, o, &st), alone);
+  EXPECT_GT(e.blocks().prefix_stats().evictions, 0);
+  EXPECT_GT(st.prefix_hit_tokens, 0);
+}
+
+TEST(Scheduler, ABadRequestFailsAloneAndTheOthersRun) {
+  FakeEngine e(8, /*n_ctx=*/100);
+  SchedulerOptions o;
+  Scheduler s(e, o);
+  s.submit(req(5, 3, 0));
+  s.submit(req(150, 3, 1));  // longer than the context
+  Request bad = req(5, 3, 2);
+  bad.prompt[2] = 1000;  // outside the vocabulary
+  s.submit(bad);
+  s.submit(req(0, 3, 3));  // empty
+  FakeEngine small(4, 512);
+  Scheduler s2(small, o);
+  s2.submit(req(70, 3, 4));  // the whole pool holds 64 tokens
+  s.submit(req(7, 4, 5));
+  s.run();
+  s2.run();
+  EXPECT_EQ(s.sequence(0).status, SeqStatus::kFinished);
+  EXPECT_EQ(s.sequence(1).status, SeqStatus::kFailed);
+  EXPECT_NE(s.sequence(1).error.find("context holds 100"), std::string::npos)
+      << s.sequence(1).error;
+  EXPECT_EQ(s.sequence(2).status, SeqStatus::kFailed);
+  EXPECT_NE(s.sequence(2).error.find("vocabulary"), std::string::npos);
+  EXPECT_EQ(s.sequence(3).status, SeqStatus::kFailed);
+  EXPECT_EQ(s.sequence(4).status, SeqStatus::kFinished);
+  EXPECT_EQ(s.sequence(4).output().size(), 4u);
+  EXPECT_EQ(s2.sequence(0).status, SeqStatus::kFailed);
+  EXPECT_NE(s2.sequence(0).error.find("whole KV pool holds 64"), std::string::npos)
+      << s2.sequence(0).error;
+  EXPECT_EQ(s.stats().failed, 3);
+}
+
+TEST(Scheduler, StopsAtEosContextAndMaxTokens) {
+  const Request a = req(10, 20, 0);
+  FakeEngine e0(64);
+  const std::vector<int32_t> free_run = run_all(e0, {a}, SchedulerOptions{}).front();
+  // The first token that did not come before: the end-of-generation id.
+  size_t k = 3;
+  while (std::find(free_run.begin(), free_run.begin() + static_cast<long>(k), free_run[k]) !=
+         free_run.begin() + static_cast<long>(k))
+    ++k;
+  const int32_t eog = free_run[k];
+  FakeEngine e(64, /*n_ctx=*/40);
+  SchedulerOptions o;
+  o.is_eog = [eog](int32_t t) { return t == eog; };
+  Scheduler s(e, o);
+  Request stops = a;
+  stops.ignore_eos = false;
+  s.submit(stops);            // stops at the end-of-generation token
+  s.submit(a);                // ignores it: the 20 tokens
+  s.submit(req(10, 100, 0));  // fills the context of 40
+  s.run();
+  EXPECT_EQ(s.sequence(0).finish, FinishReason::kEos);
+  EXPECT_EQ(s.sequence(0).output().size(), k + 1);
+  EXPECT_EQ(s.sequence(0).output().back(), eog);
+  EXPECT_EQ(s.sequence(1).finish, FinishReason::kLength);
+  EXPECT_EQ(s.sequence(1).output().size(), 20u);
+  EXPECT_EQ(s.sequence(2).finish, FinishReason::kContext);
+  EXPECT_EQ(s.sequence(2).tokens.size(), 40u);
+}
+
+TEST(Scheduler, ArrivalsWaitForTheirTime) {
+  FakeEngine e(64);
+  double t = 0;
+  SchedulerOptions o;
+  o.clock = [&t] { return t; };
+  Scheduler s(e, o);
+  Request late = req(5, 3, 0);
+  late.arrival_s = 10;
+  s.submit(late);
+  EXPECT_EQ(s.step().rows, 0) << "nothing has arrived";
+  t = 10;
+  EXPECT_EQ(s.step().rows, 5);
+  EXPECT_EQ(s.sequence(0).t_admitted, 10);
+}
+
+TEST(Scheduler, UsageErrors) {
+  FakeEngine e(8);
+  SchedulerOptions o;
+  o.slots = 0;
+  EXPECT_THROW(Scheduler(e, o), Error);
+  o.slots = 1;
+  o.max_batch_tokens = -3;
+  EXPECT_THROW(Scheduler(e, o), Error);
+}
+
+// ---- the real engine ---------------------------------------------------------
+
+struct Tiny {
+  Model model = Model::load(test::tiny_model("stories260K.gguf"));
+  std::unique_ptr<Engine> engine(int64_t kv_tokens) {
+    return std::make_unique<Engine>(
+        model, EngineOptions{.n_threads = 2, .n_ctx = 256, .cache_tokens = kv_tokens});
+  }
+};
+
+class EngineOwner final : public StepEngine {
+ public:
+  explicit EngineOwner(std::unique_ptr<Engine> e) : e_(std::move(e)), steps_(*e_) {}
+  KvBlockManager& blocks() override { return steps_.blocks(); }
+  int64_t n_ctx() const override { return steps_.n_ctx(); }
+  int64_t n_vocab() const override { return steps_.n_vocab(); }
+  void forward(Batch& b, float* logits) override { steps_.forward(b, logits); }
+
+ private:
+  std::unique_ptr<Engine> e_;
+  EngineSteps steps_;
+};
+
+std::vector<Request> tiny_requests(int64_t shared = 0) {
+  std::vector<Request> rs = mixed_requests(shared);
+  for (auto& r : rs) {
+    r.max_tokens = std::min<int64_t>(r.max_tokens, 14);
+    for (auto& t : r.prompt) t = 1 + t % 500;  // stories260K has 512 tokens
+  }
+  return rs;
+}
+
+TEST(SchedulerEngine, BatchInvarianceOnTheTinyModel) {
+  Tiny tiny;
+  const auto rs = tiny_requests();
+  const Outputs alone =
+      run_alone(rs, [&] { return std::make_unique<EngineOwner>(tiny.engine(256)); });
+  struct Case {
+    BatchPolicy policy;
+    int slots;
+    int64_t budget, kv_tokens;
+    bool preempts;
+  };
+  for (const Case& c : {Case{BatchPolicy::kContinuous, 4, 512, 4096, false},
+                        Case{BatchPolicy::kContinuous, 3, 7, 4096, false},
+                        Case{BatchPolicy::kContinuous, 6, 512, 160, true},
+                        Case{BatchPolicy::kStatic, 4, 512, 4096, false},
+                        Case{BatchPolicy::kStatic, 5, 16, 160, true}}) {
+    EngineOwner e(tiny.engine(c.kv_tokens));
+    SchedulerOptions o;
+    o.policy = c.policy;
+    o.slots = c.slots;
+    o.max_batch_tokens = c.budget;
+    SchedulerStats st;
+    EXPECT_EQ(run_all(e, rs, o, &st), alone)
+        << policy_name(c.policy) << " " << c.slots << " slots, budget " << c.budget << ", "
+        << c.kv_tokens << " KV tokens";
+    EXPECT_EQ(st.preemptions > 0, c.preempts) << st.preemptions;
+  }
+}
+
+TEST(SchedulerEngine, PrefixCacheOnTheTinyModel) {
+  Tiny tiny;
+  const auto rs = tiny_requests(/*shared=*/64);
+  const Outputs alone =
+      run_alone(rs, [&] { return std::make_unique<EngineOwner>(tiny.engine(512)); });
+  for (bool cache : {false, true}) {
+    EngineOwner e(tiny.engine(2048));
+    SchedulerOptions o;
+    o.slots = 4;
+    o.prefix_cache = cache;
+    SchedulerStats st;
+    EXPECT_EQ(run_all(e, rs, o, &st), alone) << "prefix cache " << cache;
+    EXPECT_EQ(st.prefix_hit_tokens, cache ? 6 * 64 : 0);
+  }
+}
+
+}  // namespace
+}  // namespace barata
