@@ -72,14 +72,13 @@ Scheduler::~Scheduler() {
   // The sequences' blocks go back to the engine (which outlives us).
   for (int id : running_) {
     Sequence& s = *seqs_[static_cast<size_t>(id)];
-    if (s.kv >= 0 && engine_.blocks().exists(s.kv)) engine_.blocks().free_sequence(s.kv);
-    s.kv = -1;
+    if (s.kv >= 0 && engine_.blocks().exists(s.kv)) release(s, true);
   }
 }
 
 int Scheduler::submit(Request r) {
   const int id = static_cast<int>(seqs_.size());
-  auto owned = std::make_unique<Sequence>(r.sampling);
+  auto owned = std::make_unique<Sequence>(r);
   Sequence& s = *owned;
   seqs_.push_back(std::move(owned));
   s.id = id;
@@ -115,11 +114,17 @@ int Scheduler::submit(Request r) {
     fail_request(s, fmt::format("max_tokens is {}", s.req.max_tokens));
     return id;
   }
+  if (s.req.kv_seq >= 0 && (!kv.exists(s.req.kv_seq) || kv.length(s.req.kv_seq) > s.n_prompt)) {
+    fail_request(s, fmt::format("internal: sequence {} to continue does not exist or holds more "
+                                "than the prompt",
+                                s.req.kv_seq));
+    return id;
+  }
   if (!s.req.stop.empty() && !opts_.tokenizer) {
     fail_request(s, "stop strings need a tokenizer");
     return id;
   }
-  for (int32_t t : s.tokens) s.sampler.accept(t);
+  for (int32_t t : s.tokens) s.sampler->accept(t);
   if (s.req.max_tokens == 0) {
     s.status = SeqStatus::kFinished;
     s.finish = FinishReason::kLength;
@@ -152,8 +157,15 @@ void Scheduler::fail_request(Sequence& s, std::string why) {
   if (on_finish) on_finish(s);
 }
 
-void Scheduler::release(Sequence& s) {
-  if (s.kv >= 0) engine_.blocks().free_sequence(s.kv);
+// Gives back a sequence's blocks; a caller's sequence keeps what it has
+// computed (keep_computed) or is emptied.
+void Scheduler::release(Sequence& s, bool keep_computed) {
+  if (s.kv >= 0) {
+    if (s.kv == s.req.kv_seq)
+      engine_.blocks().truncate(s.kv, keep_computed ? s.n_computed : 0);
+    else
+      engine_.blocks().free_sequence(s.kv);
+  }
   s.kv = -1;
   s.n_computed = 0;
 }
@@ -171,7 +183,7 @@ void Scheduler::finish(Sequence& s, FinishReason r) {
 }
 
 void Scheduler::preempt(Sequence& s) {
-  release(s);
+  release(s, false);
   s.status = SeqStatus::kWaiting;
   ++s.n_preemptions;
   ++stats_.preemptions;
@@ -185,7 +197,7 @@ void Scheduler::cancel(int id) {
   if (s.status == SeqStatus::kWaiting) {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
   } else {
-    release(s);
+    release(s, true);
     running_.erase(std::find(running_.begin(), running_.end(), id));
   }
   finish(s, FinishReason::kCancelled);
@@ -194,7 +206,7 @@ void Scheduler::cancel(int id) {
 // Appends a sampled token and checks the stop conditions; true when it stops.
 bool Scheduler::emit(Sequence& s, int32_t token) {
   s.tokens.push_back(token);
-  s.sampler.accept(token);
+  s.sampler->accept(token);
   ++stats_.generated_tokens;
   if (s.t_first_token < 0) {
     s.t_first_token = now();
@@ -270,7 +282,7 @@ StepInfo Scheduler::step() {
     bool all_done = true;
     for (int id : running_) all_done = all_done && seqs_[static_cast<size_t>(id)]->done();
     if (all_done) {
-      for (int id : running_) release(*seqs_[static_cast<size_t>(id)]);
+      for (int id : running_) release(*seqs_[static_cast<size_t>(id)], true);
       running_.clear();
     }
   }
@@ -328,7 +340,7 @@ StepInfo Scheduler::step() {
       }
     }
     if (victim) {
-      release(*victim);  // its result is kept; it stays in the batch as a slot, uncomputed
+      release(*victim, true);  // its result is kept; it stays in the batch as a slot, uncomputed
     } else {
       for (int id : running_) {
         Sequence& s = *seqs_[static_cast<size_t>(id)];
@@ -339,7 +351,7 @@ StepInfo Scheduler::step() {
       for (int id : running_) live += seqs_[static_cast<size_t>(id)]->done() ? 0 : 1;
       if (live == 1) {
         // Alone and still too big: the pool holds no more of it.
-        release(*victim);
+        release(*victim, true);
         running_.erase(std::find(running_.begin(), running_.end(), victim->id));
         finish(*victim, FinishReason::kContext);
       } else {
@@ -359,15 +371,22 @@ StepInfo Scheduler::step() {
     Sequence& s = *seqs_[static_cast<size_t>(waiting_.front())];
     if (!admissible(s, new_batch)) break;
     if (!is_static && budget <= 0) break;
-    s.kv = kv.new_sequence();
-    const int64_t hit = kv.attach_prefix(s.kv, s.tokens);
-    if (kv.prefix_caching()) {
+    int64_t hit = 0;
+    if (s.req.kv_seq >= 0) {  // the caller's cache holds the start
+      s.kv = s.req.kv_seq;
+      hit = std::min(kv.length(s.kv), static_cast<int64_t>(s.tokens.size()) - 1);
+      kv.truncate(s.kv, hit);
+    } else {
+      s.kv = kv.new_sequence();
+      hit = kv.attach_prefix(s.kv, s.tokens);
+    }
+    if (kv.prefix_caching() && s.req.kv_seq < 0) {
       ++stats_.prefix_lookups;
       stats_.prefix_hit_blocks += hit / kKvBlockTokens;
     }
     const int64_t left = static_cast<int64_t>(s.tokens.size()) - hit;
     if (planned + kv.blocks_needed(s.kv, left) > kv.free_blocks()) {
-      kv.free_sequence(s.kv);
+      if (s.kv != s.req.kv_seq) kv.free_sequence(s.kv);
       s.kv = -1;
       break;
     }
@@ -442,13 +461,13 @@ StepInfo Scheduler::step() {
     ++logit_row;
     if (on_logits) on_logits(s, lg);
     // The sampled token is not in the cache yet: the next step feeds it.
-    const int32_t next = s.sampler.sample(lg);
+    const int32_t next = s.sampler->sample(lg);
     if (emit(s, next)) finished_now.push_back(&s);
   }
   for (Sequence* s : finished_now) {
     ++info.finished;
     if (!is_static) {
-      release(*s);
+      release(*s, true);
       running_.erase(std::find(running_.begin(), running_.end(), s->id));
     }
   }

@@ -68,6 +68,14 @@ struct Request {
   bool ignore_eos = false;        // generate max_tokens whatever is sampled
   std::vector<std::string> stop;  // stop strings (need SchedulerOptions::tokenizer)
   double arrival_s = 0;           // when it arrives, seconds after the scheduler's clock zero
+  // A caller's engine sequence whose cache holds a prefix of `prompt` (a
+  // chat's earlier turns): the request continues it, and at the end it is
+  // left holding every token but the last sampled one. -1: the scheduler
+  // makes its own and frees it.
+  int kv_seq = -1;
+  // A caller's sampler (its random state and penalty window carry across
+  // requests); null: one made from `sampling`.
+  Sampler* sampler = nullptr;
 };
 
 enum class SeqStatus { kWaiting, kRunning, kFinished, kFailed };
@@ -79,7 +87,8 @@ const char* finish_name(FinishReason r);
 struct Sequence {
   int id = 0;  // submission order, from 0
   Request req;
-  Sampler sampler;
+  Sampler own_sampler;
+  Sampler* sampler;             // req.sampler or &own_sampler
   std::vector<int32_t> tokens;  // prompt, then every generated token
   int64_t n_prompt = 0;
   int64_t n_computed = 0;  // leading tokens whose K/V the cache holds
@@ -97,7 +106,8 @@ struct Sequence {
   int64_t prefill_rows = 0;       // rows computed before the first token (recompute included)
   int64_t admit_order = -1;       // admission counter (the youngest is preempted first)
 
-  explicit Sequence(SamplerOptions s) : sampler(s) {}
+  explicit Sequence(const Request& r)
+      : own_sampler(r.sampling), sampler(r.sampler ? r.sampler : &own_sampler) {}
   std::span<const int32_t> output() const {
     return std::span<const int32_t>(tokens).subspan(static_cast<size_t>(n_prompt));
   }
@@ -192,7 +202,7 @@ class Scheduler {
   void preempt(Sequence& s);
   void finish(Sequence& s, FinishReason r);
   void fail_request(Sequence& s, std::string why);
-  void release(Sequence& s);
+  void release(Sequence& s, bool keep_computed);
   bool emit(Sequence& s, int32_t token);  // true when the sequence stops
 
   StepEngine& engine_;

@@ -5,7 +5,9 @@
 
 #include "barata/bench.h"
 #include "barata/kv_cache.h"
+#include "barata/error.h"
 #include "barata/sampler.h"
+#include "barata/scheduler.h"
 #include "timing.h"
 
 namespace barata::bench {
@@ -27,37 +29,51 @@ struct Trace {
   }
 };
 
+// Greedy requests on the scheduler (a batch of one), recording each token.
+struct GreedyRun {
+  Engine& e;
+  Trace& tr;
+  Clock::time_point t0;
+  // Runs `tokens` as one request of up to n tokens on sequence seq; returns the sequence's tokens.
+  std::vector<int32_t> request(int seq, std::vector<int32_t> tokens, int64_t n) {
+    EngineSteps steps(e);
+    SchedulerOptions o;
+    o.slots = 1;
+    o.max_batch_tokens = std::max<int64_t>(e.n_ctx(), 1);  // the prompt in one call
+    o.prefix_cache = false;
+    Scheduler sch(steps, o);
+    sch.on_token = [&](const Sequence&, int32_t id, std::string_view) { tr.record(e, t0, id); };
+    Request r;
+    r.prompt = std::move(tokens);
+    r.sampling.temperature = 0;
+    r.max_tokens = n;
+    r.ignore_eos = true;
+    r.kv_seq = seq;
+    const int id = sch.submit(r);
+    sch.run();
+    const Sequence& q = sch.sequence(id);
+    if (q.status == SeqStatus::kFailed) fail("{}", q.error);
+    return q.tokens;
+  }
+};
+
 // The KV cache: prefill the prompt once, then one decode step per token.
-Trace generate_cached(Engine& e, int seq, std::span<const int32_t> prompt, int64_t T,
-                      std::vector<float>& logits) {
+Trace generate_cached(Engine& e, int seq, std::span<const int32_t> prompt, int64_t T) {
   Trace tr;
   e.truncate(seq, 0);
-  const auto t0 = Clock::now();
-  e.prefill(seq, prompt, logits.data());
-  int32_t id = argmax(logits);
-  tr.record(e, t0, id);
-  const int seqs[1] = {seq};
-  for (int64_t i = 1; i < T; ++i) {
-    const int32_t tok[1] = {id};
-    e.decode(seqs, tok, logits.data());
-    id = argmax(logits);
-    tr.record(e, t0, id);
-  }
+  GreedyRun g{e, tr, Clock::now()};
+  g.request(seq, {prompt.begin(), prompt.end()}, T);
   return tr;
 }
 
 // No cache: every token recomputes the whole sequence from scratch.
-Trace generate_uncached(Engine& e, int seq, std::span<const int32_t> prompt, int64_t T,
-                        std::vector<float>& logits) {
+Trace generate_uncached(Engine& e, int seq, std::span<const int32_t> prompt, int64_t T) {
   Trace tr;
   std::vector<int32_t> all(prompt.begin(), prompt.end());
-  const auto t0 = Clock::now();
+  GreedyRun g{e, tr, Clock::now()};
   for (int64_t i = 0; i < T; ++i) {
     e.truncate(seq, 0);
-    e.prefill(seq, all, logits.data());
-    const int32_t id = argmax(logits);
-    all.push_back(id);
-    tr.record(e, t0, id);
+    all = g.request(seq, std::move(all), 1);
   }
   return tr;
 }
@@ -76,12 +92,11 @@ CacheResult run_cache(Engine& e, std::span<const int32_t> prompt, const Settings
   CacheResult r;
   const int64_t T = s.n_generate;
   if (h.stopped() || T < 1) return r;
-  std::vector<float> logits(static_cast<size_t>(e.model().config().n_vocab));
   const int seq = e.new_sequence();
   const std::string what = fmt::format("cache vs no cache T={}", T);
   h.progress(what + " warm-up");
-  const Trace warm_c = generate_cached(e, seq, prompt, T, logits);
-  const Trace warm_n = generate_uncached(e, seq, prompt, T, logits);
+  const Trace warm_c = generate_cached(e, seq, prompt, T);
+  const Trace warm_n = generate_uncached(e, seq, prompt, T);
   r.ran = true;
   r.prompt_tokens = static_cast<int64_t>(prompt.size());
   r.n_generate = T;
@@ -95,8 +110,8 @@ CacheResult run_cache(Engine& e, std::span<const int32_t> prompt, const Settings
   std::vector<Trace> cached, uncached;
   for (int rep = 0; rep < s.reps && !h.stopped(); ++rep) {
     h.progress(fmt::format("{} rep {}/{}", what, rep + 1, s.reps));
-    cached.push_back(generate_cached(e, seq, prompt, T, logits));
-    uncached.push_back(generate_uncached(e, seq, prompt, T, logits));
+    cached.push_back(generate_cached(e, seq, prompt, T));
+    uncached.push_back(generate_uncached(e, seq, prompt, T));
     if (cached.back().ids != warm_c.ids || uncached.back().ids != warm_c.ids) {
       r.ids_identical = false;
       if (r.first_mismatch < 0)
