@@ -1,0 +1,703 @@
+// barata batch: many requests through the scheduler (include/barata/scheduler.h),
+// under static or continuous batching or both, with latency, throughput,
+// slot and prefix-cache accounting, an optional replay of both policies in a
+// simulation fed by measured step costs (include/barata/workload.h), JSON
+// and SVG charts.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "barata/atomic_file.h"
+#include "barata/bench.h"
+#include "barata/error.h"
+#include "barata/file_io.h"
+#include "barata/plan.h"
+#include "barata/scheduler.h"
+#include "barata/workload.h"
+#include "commands.h"
+#include "session.h"
+
+namespace barata::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using workload::RequestSpec;
+
+struct BatchArgs {
+  ModelOptions model;
+  std::string requests, workload, policy = "continuous", plot_dir;
+  int slots = 8;
+  int64_t max_batch_tokens = 512;
+  int64_t shared_prefix = 0;
+  double arrival_interval_ms = 0;
+  bool no_prefix_cache = false, simulate = false, json = false;
+};
+
+// One request's outcome under one policy.
+struct Row {
+  std::string id;
+  int64_t prompt_tokens = 0;
+  std::vector<int32_t> output;
+  std::string text, status, finish, error;
+  double arrival_s = 0, latency_s = -1, ttft_s = -1;
+  int64_t preemptions = 0, prefix_hit_tokens = 0;
+  bool ok() const { return status == "finished" && finish != "cancelled"; }
+};
+
+// One step as the charts need it.
+struct StepRecord {
+  double t_s = 0;  // the scheduler clock at the end of the step
+  int64_t running = 0, busy = 0, rows = 0;
+};
+
+struct PolicyRun {
+  BatchPolicy policy = BatchPolicy::kContinuous;
+  double wall_s = 0;
+  SchedulerStats stats;
+  std::vector<Row> rows;
+  std::vector<StepRecord> steps;
+  bool interrupted = false;
+
+  int64_t failed() const {
+    return std::count_if(rows.begin(), rows.end(),
+                         [](const Row& r) { return r.status == "failed"; });
+  }
+  int64_t finished() const {
+    return std::count_if(rows.begin(), rows.end(), [](const Row& r) { return r.ok(); });
+  }
+  std::vector<double> latencies() const {
+    std::vector<double> v;
+    for (const Row& r : rows)
+      if (r.ok()) v.push_back(r.latency_s);
+    return v;
+  }
+  std::vector<double> ttfts() const {
+    std::vector<double> v;
+    for (const Row& r : rows)
+      if (r.ok() && r.ttft_s >= 0) v.push_back(r.ttft_s);
+    return v;
+  }
+  double tokens_per_s() const {
+    return wall_s > 0 ? static_cast<double>(stats.generated_tokens) / wall_s : 0;
+  }
+  double requests_per_s() const {
+    return wall_s > 0 ? static_cast<double>(finished()) / wall_s : 0;
+  }
+  double slot_utilization(int slots) const {
+    return stats.steps > 0 ? static_cast<double>(stats.busy_slot_steps) /
+                                 (static_cast<double>(stats.steps) * slots)
+                           : 0;
+  }
+};
+
+// The carriage-return progress line on stderr, at most ~4 updates a second,
+// always (a log gets a few lines' worth of updates), ended by a newline.
+class Progress {
+ public:
+  void update(const Scheduler& s, BatchPolicy p, int64_t finished, int64_t total, bool force) {
+    const auto now = Clock::now();
+    if (!force && shown_ && now - last_ < std::chrono::milliseconds(250)) return;
+    last_ = now;
+    const double t = s.now();
+    const std::string line = fmt::format(
+        "[batch] {} {}/{} done, {} steps, {:.1f} tokens/s", policy_name(p), finished, total,
+        s.stats().steps, t > 0 ? static_cast<double>(s.stats().generated_tokens) / t : 0.0);
+    fmt::print(stderr, "\r{:<{}}", line, std::max(width_, line.size()));
+    width_ = line.size();
+    std::fflush(stderr);
+    shown_ = true;
+  }
+  void end() {
+    if (shown_) fmt::print(stderr, "\n");
+    shown_ = false;
+    width_ = 0;
+  }
+
+ private:
+  Clock::time_point last_{};
+  bool shown_ = false;
+  size_t width_ = 0;
+};
+
+std::vector<BatchPolicy> policies_of(const std::string& p) {
+  if (p == "static") return {BatchPolicy::kStatic};
+  if (p == "continuous") return {BatchPolicy::kContinuous};
+  return {BatchPolicy::kStatic, BatchPolicy::kContinuous};
+}
+
+std::string status_name(SeqStatus s) {
+  switch (s) {
+    case SeqStatus::kWaiting:
+      return "waiting";
+    case SeqStatus::kRunning:
+      return "running";
+    case SeqStatus::kFinished:
+      return "finished";
+    case SeqStatus::kFailed:
+      return "failed";
+  }
+  return "?";
+}
+
+// Every block back in the pool and the prefix cache cold, as if the engine
+// were new (the Scheduler frees what it holds when it dies).
+void reset_pool(Engine& engine) {
+  KvBlockManager& kv = engine.blocks();
+  kv.clear_prefix_cache();
+  if (kv.blocks_in_use() != 0)
+    fail("internal: {} KV blocks still in use after a policy's run", kv.blocks_in_use());
+}
+
+PolicyRun run_policy(Session& s, const BatchArgs& a, BatchPolicy policy,
+                     const std::vector<Request>& requests, const std::vector<RequestSpec>& specs,
+                     Progress& progress) {
+  reset_pool(s.engine);
+  PolicyRun out;
+  out.policy = policy;
+  SchedulerOptions o;
+  o.policy = policy;
+  o.slots = a.slots;
+  o.max_batch_tokens = a.max_batch_tokens;
+  o.prefix_cache = !a.no_prefix_cache;
+  const Tokenizer& tok = s.tok;
+  o.is_eog = [&tok](int32_t t) { return tok.is_eog(t); };
+  o.tokenizer = &s.tok;
+  EngineSteps steps(s.engine);
+  {
+    Scheduler sch(steps, o);
+    int64_t finished = 0;
+    sch.on_finish = [&finished](const Sequence&) { ++finished; };
+    for (const Request& r : requests) sch.submit(r);
+    const int64_t total = sch.n_sequences();
+    bool cancelled = false;
+    while (!sch.idle()) {
+      if (SigintCatcher::interrupted() && !cancelled) {
+        out.interrupted = cancelled = true;
+        for (int i = 0; i < total; ++i)
+          if (!sch.sequence(i).done()) sch.cancel(i);
+        continue;
+      }
+      const int64_t busy_before = sch.stats().busy_slot_steps;
+      const StepInfo info = sch.step();
+      if (info.rows == 0) {
+        if (sch.idle()) break;
+        // Nothing can run until the next request arrives.
+        double next = std::numeric_limits<double>::infinity();
+        for (int i = 0; i < total; ++i) {
+          const Sequence& q = sch.sequence(i);
+          if (q.status == SeqStatus::kWaiting) next = std::min(next, q.req.arrival_s);
+        }
+        const double wait = next - sch.now();
+        if (!std::isfinite(next) || wait <= 0)
+          fail("internal: the scheduler ran nothing with requests left and none still to arrive");
+        if (wait > 0)
+          std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait, 0.05)));
+        progress.update(sch, policy, finished, total, false);
+        continue;
+      }
+      out.steps.push_back(
+          {sch.now(), info.running, sch.stats().busy_slot_steps - busy_before, info.rows});
+      progress.update(sch, policy, finished, total, false);
+    }
+    out.wall_s = sch.now();
+    progress.update(sch, policy, finished, total, true);
+    progress.end();
+    out.stats = sch.stats();
+    for (int i = 0; i < total; ++i) {
+      const Sequence& q = sch.sequence(i);
+      Row r;
+      r.id = specs[static_cast<size_t>(i)].id;
+      r.prompt_tokens = q.n_prompt;
+      r.output.assign(q.output().begin(), q.output().end());
+      r.text = q.text;
+      r.status = status_name(q.status);
+      r.finish = finish_name(q.finish);
+      r.error = q.error;
+      r.arrival_s = q.req.arrival_s;
+      if (q.t_finished >= 0) r.latency_s = q.latency_s();
+      if (q.t_first_token >= 0) r.ttft_s = q.ttft_s();
+      r.preemptions = q.n_preemptions;
+      r.prefix_hit_tokens = q.prefix_hit_tokens;
+      out.rows.push_back(std::move(r));
+    }
+  }
+  reset_pool(s.engine);
+  return out;
+}
+
+// ---- the simulation's step costs -----------------------------------------------
+
+// Median ms of one Engine::decode step of B sequences, for B = 1..slots: B
+// sequences each prefilled with a short synthetic prompt, one untimed step,
+// then kTimed timed steps. B beyond what the pool holds is extrapolated
+// linearly from the last two measured points.
+std::vector<double> measure_step_costs(Engine& engine, int slots) {
+  constexpr int64_t kTimed = 5;
+  const int64_t n_vocab = engine.model().config().n_vocab;
+  const int64_t n_ctx = engine.n_ctx();
+  const int64_t prompt = std::clamp<int64_t>(n_ctx - kTimed - 2, 1, 8);
+  const int64_t steps = std::min<int64_t>(kTimed + 1, n_ctx - prompt);
+  if (steps < 2)
+    fail("--simulate: the context of {} tokens is too small to time decode steps", n_ctx);
+  reset_pool(engine);
+  const int64_t per_seq =
+      (prompt + steps + KvBlockManager::kBlockTokens - 1) / KvBlockManager::kBlockTokens;
+  const int max_b = static_cast<int>(
+      std::min<int64_t>(slots, engine.blocks().free_blocks() / std::max<int64_t>(per_seq, 1)));
+  if (max_b < 1) fail("--simulate: the KV pool cannot hold one sequence to time");
+  std::vector<int32_t> ids(static_cast<size_t>(prompt));
+  for (int64_t i = 0; i < prompt; ++i)
+    ids[static_cast<size_t>(i)] = bench::synthetic_token(i, n_vocab);
+  std::vector<double> cost;
+  std::vector<float> logits;
+  for (int b = 1; b <= max_b; ++b) {
+    std::vector<int> seqs;
+    logits.resize(static_cast<size_t>(b * n_vocab));
+    for (int i = 0; i < b; ++i) {
+      seqs.push_back(engine.new_sequence());
+      engine.prefill(seqs.back(), ids, logits.data());
+    }
+    std::vector<double> ms;
+    for (int64_t t = 0; t < steps; ++t) {
+      std::vector<int32_t> toks(static_cast<size_t>(b),
+                                bench::synthetic_token(prompt + t, n_vocab));
+      const auto t0 = Clock::now();
+      engine.decode(seqs, toks, logits.data());
+      if (t > 0) ms.push_back(ms_since(t0));  // the first step is the warm-up
+    }
+    for (int q : seqs) engine.free_sequence(q);
+    cost.push_back(workload::quantile(ms, 0.5));
+  }
+  while (static_cast<int>(cost.size()) < slots) {
+    const size_t n = cost.size();
+    const double slope = n >= 2 ? std::max(0.0, cost[n - 1] - cost[n - 2]) : 0.0;
+    cost.push_back(cost[n - 1] + slope);
+  }
+  reset_pool(engine);
+  return cost;
+}
+
+struct Simulation {
+  std::vector<double> cost_ms;
+  int measured_b = 0;
+  workload::SimResult stat, cont;
+  double throughput_ratio() const {
+    return stat.tokens_per_s() > 0 ? cont.tokens_per_s() / stat.tokens_per_s() : 0;
+  }
+  double latency_ratio() const {
+    return cont.mean_latency_s() > 0 ? stat.mean_latency_s() / cont.mean_latency_s() : 0;
+  }
+};
+
+// Both policies replayed over the lengths the first measured run produced
+// (requests that failed or produced nothing left out) and its arrivals.
+Simulation simulate_both(const PolicyRun& measured, int slots, std::vector<double> cost) {
+  Simulation sim;
+  sim.cost_ms = std::move(cost);
+  std::vector<int64_t> lengths;
+  std::vector<double> arrivals;
+  for (const Row& r : measured.rows) {
+    if (!r.ok() || r.output.empty()) continue;
+    lengths.push_back(static_cast<int64_t>(r.output.size()));
+    arrivals.push_back(r.arrival_s);
+  }
+  sim.stat = workload::simulate(BatchPolicy::kStatic, lengths, arrivals, slots, sim.cost_ms);
+  sim.cont = workload::simulate(BatchPolicy::kContinuous, lengths, arrivals, slots, sim.cost_ms);
+  return sim;
+}
+
+// ---- output ---------------------------------------------------------------------
+
+const PolicyRun* find_run(const std::vector<PolicyRun>& runs, BatchPolicy p) {
+  for (const PolicyRun& r : runs)
+    if (r.policy == p) return &r;
+  return nullptr;
+}
+
+struct Comparison {
+  double throughput_ratio = 0, latency_ratio = 0;  // continuous/static, static/continuous
+};
+std::optional<Comparison> compare(const std::vector<PolicyRun>& runs) {
+  const PolicyRun *st = find_run(runs, BatchPolicy::kStatic),
+                  *co = find_run(runs, BatchPolicy::kContinuous);
+  if (!st || !co) return std::nullopt;
+  const auto ls = workload::summarize_latency(st->latencies()),
+             lc = workload::summarize_latency(co->latencies());
+  Comparison c;
+  c.throughput_ratio = st->tokens_per_s() > 0 ? co->tokens_per_s() / st->tokens_per_s() : 0;
+  c.latency_ratio = lc.mean > 0 ? ls.mean / lc.mean : 0;
+  return c;
+}
+
+json policy_json(const PolicyRun& r, int slots) {
+  const auto lat = workload::summarize_latency(r.latencies());
+  const auto ttft = workload::summarize_latency(r.ttfts());
+  const SchedulerStats& st = r.stats;
+  json rows = json::array();
+  for (const Row& q : r.rows) {
+    json j = {{"id", q.id},
+              {"prompt_tokens", q.prompt_tokens},
+              {"output_tokens", q.output.size()},
+              {"output_ids", q.output},
+              {"text", q.text},
+              {"status", q.status},
+              {"finish", q.finish},
+              {"arrival_s", q.arrival_s},
+              {"latency_s", q.latency_s >= 0 ? json(q.latency_s) : json(nullptr)},
+              {"ttft_s", q.ttft_s >= 0 ? json(q.ttft_s) : json(nullptr)},
+              {"preemptions", q.preemptions},
+              {"prefix_hit_tokens", q.prefix_hit_tokens}};
+    if (!q.error.empty()) j["error"] = q.error;
+    rows.push_back(std::move(j));
+  }
+  return {
+      {"policy", policy_name(r.policy)},
+      {"interrupted", r.interrupted},
+      {"wall_s", r.wall_s},
+      {"requests", r.rows.size()},
+      {"finished", r.finished()},
+      {"failed", r.failed()},
+      {"output_tokens", st.generated_tokens},
+      {"output_tokens_per_s", r.tokens_per_s()},
+      {"requests_per_s", r.requests_per_s()},
+      {"latency_s",
+       {{"mean", lat.mean},
+        {"median", lat.median},
+        {"p90", lat.p90},
+        {"p99", lat.p99},
+        {"max", lat.max}}},
+      {"ttft_s", {{"mean", ttft.mean}, {"p99", ttft.p99}}},
+      {"steps", st.steps},
+      {"rows", st.rows},
+      {"decode_rows", st.decode_rows},
+      {"prefill_rows", st.prefill_rows},
+      {"padding_rows", st.padding_rows},
+      {"busy_slot_steps", st.busy_slot_steps},
+      {"padding_slot_steps", st.padding_slot_steps},
+      {"slot_utilization", r.slot_utilization(slots)},
+      {"preemptions", st.preemptions},
+      {"forward_ms", st.forward_ms},
+      {"prefix_cache",
+       {{"lookups", st.prefix_lookups},
+        {"hit_tokens", st.prefix_hit_tokens},
+        {"prompt_tokens", st.prompt_tokens},
+        {"hit_rate", st.prompt_tokens > 0 ? static_cast<double>(st.prefix_hit_tokens) /
+                                                static_cast<double>(st.prompt_tokens)
+                                          : 0.0},
+        {"prefill_tokens_saved", st.prefix_hit_tokens},
+        {"blocks_shared", st.prefix_hit_blocks}}},
+      {"per_request", rows},
+  };
+}
+
+json sim_json(const workload::SimResult& r) {
+  return {{"total_s", r.total_s},
+          {"output_tokens_per_s", r.tokens_per_s()},
+          {"mean_latency_s", r.mean_latency_s()},
+          {"steps", r.steps},
+          {"busy_slot_steps", r.busy_slot_steps},
+          {"padding_slot_steps", r.padding_slot_steps}};
+}
+
+// A duration for the text report: milliseconds below a second, else seconds.
+std::string ms(double s) {
+  return s < 1 ? fmt::format("{:.1f} ms", s * 1e3) : fmt::format("{:.3f} s", s);
+}
+
+void print_policy(const PolicyRun& r, int slots) {
+  const auto lat = workload::summarize_latency(r.latencies());
+  const auto ttft = workload::summarize_latency(r.ttfts());
+  const SchedulerStats& st = r.stats;
+  fmt::print("\npolicy {}: {} requests ({} finished, {} failed{}), {} output tokens in {:.3f} s\n",
+             policy_name(r.policy), r.rows.size(), r.finished(), r.failed(),
+             r.interrupted ? ", interrupted" : "", st.generated_tokens, r.wall_s);
+  fmt::print("  throughput    {:.1f} output tokens/s, {:.2f} requests/s\n", r.tokens_per_s(),
+             r.requests_per_s());
+  fmt::print("  latency       mean {}, median {}, p90 {}, p99 {}\n", ms(lat.mean), ms(lat.median),
+             ms(lat.p90), ms(lat.p99));
+  fmt::print("  TTFT          mean {}, p99 {}\n", ms(ttft.mean), ms(ttft.p99));
+  fmt::print(
+      "  slots         {:.1f}% utilized ({} busy of {} slot-steps: {} steps x {} slots), "
+      "padding {} slot-steps ({} rows computed)\n",
+      100 * r.slot_utilization(slots), st.busy_slot_steps, st.steps * slots, st.steps, slots,
+      st.padding_slot_steps, st.padding_rows);
+  fmt::print("  rows          {} ({} decode, {} prefill), forward {:.1f} ms, {} preemptions\n",
+             st.rows, st.decode_rows, st.prefill_rows, st.forward_ms, st.preemptions);
+  const double rate = st.prompt_tokens > 0 ? static_cast<double>(st.prefix_hit_tokens) /
+                                                 static_cast<double>(st.prompt_tokens)
+                                           : 0.0;
+  fmt::print(
+      "  prefix cache  {} hit tokens of {} prompt tokens ({:.1f}%): {} prefill tokens saved, "
+      "{} blocks shared, {} lookups\n",
+      st.prefix_hit_tokens, st.prompt_tokens, 100 * rate, st.prefix_hit_tokens,
+      st.prefix_hit_blocks, st.prefix_lookups);
+}
+
+void write_plots(const std::string& dir, const std::vector<PolicyRun>& runs, int slots) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail("{}: cannot create the plot directory: {}", dir, ec.message());
+  std::vector<std::pair<std::string, bench::Chart>> charts;
+  bench::Chart cdf{
+      "Request latency CDF", "latency (s)", "fraction of requests done", false, false, {}};
+  for (const PolicyRun& r : runs) {
+    std::vector<double> l = r.latencies();
+    std::sort(l.begin(), l.end());
+    bench::Series s{policy_name(r.policy), {}, {}};
+    for (size_t i = 0; i < l.size(); ++i) {
+      s.x.push_back(l[i]);
+      s.y.push_back(static_cast<double>(i + 1) / static_cast<double>(l.size()));
+    }
+    cdf.series.push_back(std::move(s));
+  }
+  charts.emplace_back("latency-cdf.svg", std::move(cdf));
+  for (const PolicyRun& r : runs) {
+    bench::Chart c{
+        fmt::format("Slot occupancy, {} batching ({} slots)", policy_name(r.policy), slots),
+        "step",
+        "sequences",
+        false,
+        false,
+        {}};
+    bench::Series held{"holding a slot", {}, {}}, busy{"generating", {}, {}};
+    for (size_t i = 0; i < r.steps.size(); ++i) {
+      held.x.push_back(static_cast<double>(i + 1));
+      held.y.push_back(static_cast<double>(r.steps[i].running));
+      busy.x.push_back(static_cast<double>(i + 1));
+      busy.y.push_back(static_cast<double>(r.steps[i].busy));
+    }
+    c.series.push_back(std::move(held));
+    c.series.push_back(std::move(busy));
+    charts.emplace_back(fmt::format("occupancy-{}.svg", policy_name(r.policy)), std::move(c));
+  }
+  for (const auto& [name, chart] : charts) {
+    const fs::path file = fs::path(dir) / name;
+    write_file_atomically(file, bench::to_svg(chart));
+    fmt::print(stderr, "wrote {}\n", file.string());
+  }
+}
+
+// ---- the command -------------------------------------------------------------------
+
+int run(const BatchArgs& a) {
+  // The requests first: a malformed file is refused before the model loads.
+  std::vector<RequestSpec> specs;
+  std::string source;
+  if (!a.requests.empty()) {
+    specs = workload::parse_jsonl(read_regular_file(a.requests, "requests file"), a.requests);
+    source = a.requests;
+  } else {
+    specs = workload::reference64();
+    source = a.workload;
+  }
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (specs[i].id.empty()) specs[i].id = std::to_string(i);
+
+  Session s(a.model);
+  const std::vector<int32_t> prefix = workload::shared_prefix_ids(s.tok, a.shared_prefix);
+  std::vector<Request> requests;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const RequestSpec& sp = specs[i];
+    Request r;
+    r.id = sp.id;
+    r.prompt = workload::prompt_ids(s.tok, sp.prompt, prefix);
+    r.sampling = sp.sampling;
+    r.max_tokens = sp.max_tokens;
+    r.ignore_eos = sp.ignore_eos;
+    r.stop = sp.stop;
+    r.arrival_s = sp.arrival_ms >= 0 ? sp.arrival_ms / 1e3
+                                     : static_cast<double>(i) * a.arrival_interval_ms / 1e3;
+    requests.push_back(std::move(r));
+  }
+
+  const KvBlockManager& kv = s.engine.blocks();
+  const std::string pool =
+      plan::describe_kv_pool(kv.max_tokens(), s.engine.n_ctx(), s.engine.kv_bytes_per_token());
+  const std::string header = fmt::format(
+      "barata batch: {} requests ({}), {} slots, at most {} rows per step, prefix cache {}, "
+      "shared prefix {} tokens, {}",
+      requests.size(), source, a.slots, a.max_batch_tokens, a.no_prefix_cache ? "off" : "on",
+      a.shared_prefix,
+      a.arrival_interval_ms > 0 ? fmt::format("one arrival every {} ms", a.arrival_interval_ms)
+                                : std::string("arrivals as given (default: all at 0)"));
+  if (a.json) {
+    fmt::print(stderr, "{}\n{}\n", header, pool);
+  } else {
+    fmt::print("{}\nmodel {} ({} threads, context {}), load {:.0f} ms\n{}\n", header, s.path,
+               s.engine.n_threads(), s.engine.n_ctx(), s.load_ms, pool);
+    std::fflush(stdout);
+  }
+
+  SigintCatcher catcher;
+  std::vector<double> cost;
+  if (a.simulate) {
+    fmt::print(stderr, "[batch] timing decode steps of 1..{} sequences for the simulation\n",
+               a.slots);
+    cost = measure_step_costs(s.engine, a.slots);
+  }
+  Progress progress;
+  std::vector<PolicyRun> runs;
+  for (BatchPolicy p : policies_of(a.policy)) {
+    if (SigintCatcher::interrupted()) break;
+    runs.push_back(run_policy(s, a, p, requests, specs, progress));
+  }
+  const bool interrupted = SigintCatcher::interrupted();
+  const std::optional<Comparison> cmp = compare(runs);
+  std::optional<Simulation> sim;
+  if (a.simulate && !runs.empty()) sim = simulate_both(runs.front(), a.slots, cost);
+
+  if (a.json) {
+    json j = {{"schema", "barata.batch/1"},
+              {"model", s.path},
+              {"n_ctx", s.engine.n_ctx()},
+              {"threads", s.engine.n_threads()},
+              {"source", source},
+              {"kv_pool",
+               {{"tokens", kv.max_tokens()},
+                {"blocks", kv.max_blocks()},
+                {"bytes_per_token", s.engine.kv_bytes_per_token()},
+                {"bytes", kv.max_tokens() * s.engine.kv_bytes_per_token()},
+                {"description", pool}}},
+              {"settings",
+               {{"slots", a.slots},
+                {"max_batch_tokens", a.max_batch_tokens},
+                {"prefix_cache", !a.no_prefix_cache},
+                {"shared_prefix_tokens", a.shared_prefix},
+                {"arrival_interval_ms", a.arrival_interval_ms}}},
+              {"interrupted", interrupted},
+              {"policies", json::array()}};
+    for (const PolicyRun& r : runs) j["policies"].push_back(policy_json(r, a.slots));
+    if (cmp)
+      j["comparison"] = {{"throughput_ratio_continuous_over_static", cmp->throughput_ratio},
+                         {"mean_latency_ratio_static_over_continuous", cmp->latency_ratio}};
+    if (sim)
+      j["simulation"] = {{"cost_ms_per_step", sim->cost_ms},
+                         {"model",
+                          "a request of L tokens holds a slot for L steps (its prefill counted as "
+                          "one row); a step of B rows costs cost_ms_per_step[B-1]"},
+                         {"static", sim_json(sim->stat)},
+                         {"continuous", sim_json(sim->cont)},
+                         {"throughput_ratio_continuous_over_static", sim->throughput_ratio()},
+                         {"mean_latency_ratio_static_over_continuous", sim->latency_ratio()}};
+    fmt::print("{}\n", j.dump(-1, ' ', false, json::error_handler_t::replace));
+  } else {
+    for (const PolicyRun& r : runs) print_policy(r, a.slots);
+    if (cmp)
+      fmt::print(
+          "\ncomparison: continuous/static throughput {:.2f}x, static/continuous mean latency "
+          "{:.2f}x\n",
+          cmp->throughput_ratio, cmp->latency_ratio);
+    if (sim) {
+      std::string costs;
+      for (double c : sim->cost_ms) costs += fmt::format("{}{:.2f}", costs.empty() ? "" : " ", c);
+      fmt::print("simulation (decode step ms at B = 1..{}: {}; prefill counted as one row):\n",
+                 a.slots, costs);
+      const auto measured = [&](double v) {
+        return cmp ? fmt::format(" (measured {:.2f}x)", v) : std::string();
+      };
+      fmt::print(
+          "  continuous/static throughput {:.2f}x{}, static/continuous mean latency {:.2f}x{}\n",
+          sim->throughput_ratio(), measured(cmp ? cmp->throughput_ratio : 0), sim->latency_ratio(),
+          measured(cmp ? cmp->latency_ratio : 0));
+      fmt::print("  static {:.3f} s, continuous {:.3f} s simulated\n", sim->stat.total_s,
+                 sim->cont.total_s);
+    }
+  }
+  std::fflush(stdout);
+  if (!a.plot_dir.empty()) write_plots(a.plot_dir, runs, a.slots);
+
+  // Failed requests, once each (a refusal at submission is the same under every policy).
+  struct Failure {
+    std::string error, policies;
+    int64_t prompt_tokens = 0;
+  };
+  std::vector<std::optional<Failure>> failures(specs.size());
+  int64_t failed = 0;
+  for (const PolicyRun& r : runs) {
+    for (size_t i = 0; i < r.rows.size(); ++i) {
+      const Row& q = r.rows[i];
+      if (q.status != "failed") continue;
+      ++failed;
+      auto& f = failures[i];
+      if (!f) f = Failure{q.error, "", q.prompt_tokens};
+      f->policies += (f->policies.empty() ? "" : ", ") + std::string(policy_name(r.policy));
+    }
+  }
+  int64_t n_failed_requests = 0;
+  for (size_t i = 0; i < failures.size(); ++i) {
+    if (!failures[i]) continue;
+    ++n_failed_requests;
+    fmt::print(stderr, "error: request {} ({} prompt tokens) failed under {}: {}\n", specs[i].id,
+               failures[i]->prompt_tokens, failures[i]->policies, failures[i]->error);
+  }
+  if (n_failed_requests > 0)
+    fmt::print(stderr, "{} of {} requests failed\n", n_failed_requests, specs.size());
+  if (interrupted) return 130;
+  return failed > 0 ? 1 : 0;
+}
+
+// A finite number >= 0, the whole argument.
+CLI::Validator non_negative_real() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        const char* b = v.c_str();
+        char* end = nullptr;
+        const double x = std::strtod(b, &end);
+        if (end == b || *end != '\0' || !std::isfinite(x))
+          return fmt::format("'{}' is not a finite number", v);
+        if (x < 0) return fmt::format("{} is negative", v);
+        return "";
+      },
+      "", "REAL");
+}
+
+}  // namespace
+
+Command add_batch(CLI::App& app) {
+  auto* sub = app.add_subcommand(
+      "batch", "Run many requests through the scheduler: static against continuous batching");
+  auto a = std::make_shared<BatchArgs>();
+  add_model_options(sub, a->model);
+  auto* req = sub->add_option("--requests", a->requests,
+                              "JSON Lines file: one {\"prompt\": ..., \"max_tokens\": ...} a line")
+                  ->check(CLI::ExistingFile);
+  auto* wl = sub->add_option("--workload", a->workload,
+                             "A built-in workload: reference64 (64 requests, 1,874 output tokens)")
+                 ->check(CLI::IsMember(workload::workload_names()));
+  req->excludes(wl);
+  sub->add_option("--policy", a->policy, "static, continuous or both (default: continuous)")
+      ->check(CLI::IsMember({"static", "continuous", "both"}));
+  sub->add_option("--slots", a->slots, "Sequences running at once (default: 8)")
+      ->check(CLI::Range(1, 4096));
+  sub->add_option("--max-batch-tokens", a->max_batch_tokens,
+                  "Rows per forward call, decode rows and prefill chunks (default: 512)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  sub->add_option("--shared-prefix", a->shared_prefix,
+                  "Prepend one common system text of exactly N tokens to every prompt")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  sub->add_flag("--no-prefix-cache", a->no_prefix_cache, "Do not share cached prompt blocks");
+  sub->add_flag("--simulate", a->simulate,
+                "Time decode steps of 1..slots sequences and replay both policies in a simulation");
+  sub->add_option("--arrival-interval", a->arrival_interval_ms,
+                  "Request i arrives at i x MS milliseconds (default: 0, all at once)")
+      ->check(non_negative_real());
+  sub->add_flag("--json", a->json, "Print one JSON document (per policy and per request)");
+  sub->add_option("--plot", a->plot_dir, "Write SVG charts (latency CDF, slot occupancy) here");
+  sub->callback([a] {
+    if (a->requests.empty() && a->workload.empty())
+      throw CLI::RequiredError("--requests FILE or --workload NAME");
+  });
+  return {sub, [a] { return run(*a); }};
+}
+
+}  // namespace barata::cli
