@@ -18,6 +18,7 @@
 #include "barata/atomic_file.h"
 #include "barata/bench.h"
 #include "barata/error.h"
+#include "barata/plan.h"
 #include "barata/tokenizer.h"
 #include "commands.h"
 #include "default_model.h"
@@ -239,6 +240,10 @@ int run(BenchArgs& a) {
                             .n_ctx = n_ctx,
                             .cache_tokens = cache_tokens,
                             .device = parse_device(a.device).value_or(DeviceKind::kCpu)});
+      if (rep.runs.empty())
+        fmt::print(stderr, "{}\n",
+                   plan::describe_kv_pool(engine.blocks().max_tokens(), engine.n_ctx(),
+                                          engine.kv_bytes_per_token()));
       progress.set_threads(engine.n_threads());
       rep.threads.push_back(engine.n_threads());
       bench::ThreadRun& run = rep.runs.emplace_back();

@@ -8,8 +8,10 @@
 #include <type_traits>
 
 #include <fmt/core.h>
+#include <spdlog/spdlog.h>
 
 #include "barata/error.h"
+#include "barata/plan.h"
 #include "default_model.h"
 
 namespace barata::cli {
@@ -103,7 +105,10 @@ Session::Session(const ModelOptions& o)
                      .n_ctx = n_ctx,
                      .cache_tokens = o.kv_tokens,
                      .device = parse_device(o.device).value_or(DeviceKind::kCpu)}),
-      load_ms(ms_since(t_start)) {}
+      load_ms(ms_since(t_start)) {
+  spdlog::info("{}", plan::describe_kv_pool(engine.blocks().max_tokens(), engine.n_ctx(),
+                                            engine.kv_bytes_per_token()));
+}
 
 ChatFamily choose_chat_family(const std::string& name, const Session& s) {
   if (!name.empty()) return chat_family_from_name(name);

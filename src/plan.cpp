@@ -1,0 +1,215 @@
+#include "barata/plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+
+#include <fmt/core.h>
+
+#include "barata/error.h"
+#include "barata/model_config.h"
+
+namespace barata::plan {
+namespace {
+
+// Eighths of a bit per weight: int4's 4.125 is 33 / 8, so every size is an
+// integer computation.
+int64_t eighth_bits(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kFp16:
+      return 128;
+    case WeightFormat::kInt8:
+      return 64;
+    case WeightFormat::kInt4:
+      return 33;  // 4 bits + one fp16 scale per 128 weights: 4 + 16 / 128
+  }
+  return 128;
+}
+
+struct Preset {
+  const char* name;
+  double n_params;
+  int64_t n_layer, n_head_kv, head_dim;
+};
+constexpr Preset kPresets[] = {
+    {"7b", 7.0e9, 32, 8, 128},
+    {"13b", 13.0e9, 40, 40, 128},
+    {"70b", 70.0e9, 80, 8, 128},
+};
+
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+bool iends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && iequals(s.substr(s.size() - suffix.size()), suffix);
+}
+
+// [+-]? digits [. digits], or [+-]? . digits: what strtod would read, without
+// hex, exponents, inf or nan.
+bool plain_decimal(std::string_view s) {
+  size_t i = 0;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+  bool digits = false, dot = false;
+  for (; i < s.size(); ++i) {
+    if (std::isdigit(static_cast<unsigned char>(s[i]))) {
+      digits = true;
+    } else if (s[i] == '.' && !dot) {
+      dot = true;
+    } else {
+      return false;
+    }
+  }
+  return digits;
+}
+
+std::string mib_or_gib(double bytes) {
+  if (bytes >= static_cast<double>(kGiB))
+    return fmt::format("{:.2f} GiB", bytes / static_cast<double>(kGiB));
+  return fmt::format("{:.1f} MiB", bytes / double(1 << 20));
+}
+
+}  // namespace
+
+std::optional<WeightFormat> parse_weight_format(std::string_view name) {
+  if (name == "fp16") return WeightFormat::kFp16;
+  if (name == "int8") return WeightFormat::kInt8;
+  if (name == "int4") return WeightFormat::kInt4;
+  return std::nullopt;
+}
+
+const char* weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kFp16:
+      return "fp16";
+    case WeightFormat::kInt8:
+      return "int8";
+    case WeightFormat::kInt4:
+      return "int4";
+  }
+  return "?";
+}
+
+double bits_per_weight(WeightFormat f) {
+  return static_cast<double>(eighth_bits(f)) / 8.0;
+}
+
+int64_t weight_bytes(int64_t n_params, WeightFormat f) {
+  return (n_params * eighth_bits(f) + 63) / 64;  // eighths of a bit -> bytes, rounded up
+}
+
+const std::vector<std::string>& preset_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& p : kPresets) v.emplace_back(p.name);
+    return v;
+  }();
+  return names;
+}
+
+ModelShape preset(std::string_view name, WeightFormat format) {
+  for (const auto& p : kPresets) {
+    if (!iequals(name, p.name)) continue;
+    ModelShape m;
+    m.name = p.name;
+    m.n_params = static_cast<int64_t>(p.n_params);
+    m.format = format;
+    m.weight_bytes = weight_bytes(m.n_params, format);
+    m.n_layer = p.n_layer;
+    m.n_head_kv = p.n_head_kv;
+    m.head_dim = p.head_dim;
+    return m;
+  }
+  std::string known;
+  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+  fail("unknown model preset '{}' (known: {})", name, known);
+}
+
+ModelShape from_gguf(const GgufFile& f, std::optional<WeightFormat> format) {
+  const ModelConfig c = ModelConfig::from_gguf(f);
+  ModelShape m;
+  m.name = f.name();
+  m.from_file = true;
+  m.format = format;
+  int64_t bytes = 0;
+  for (const auto& t : f.tensors()) {
+    m.n_params += t.n_elements;
+    bytes += static_cast<int64_t>(t.n_bytes);
+  }
+  m.weight_bytes = format ? weight_bytes(m.n_params, *format) : bytes;
+  m.n_layer = c.n_layer;
+  m.n_head_kv = c.n_head_kv;
+  m.head_dim = c.head_dim;
+  return m;
+}
+
+int64_t parse_gib(std::string_view text, std::string_view what, bool allow_zero) {
+  std::string_view num = text;
+  if (iends_with(num, "gib")) {
+    num.remove_suffix(3);
+  } else if (iends_with(num, "g")) {
+    num.remove_suffix(1);
+  }
+  if (!plain_decimal(num))
+    fail("{}: '{}' is not a size in GiB (write 16, 16G or 16GiB)", what, text);
+  const std::string s(num);
+  const double x = std::strtod(s.c_str(), nullptr);
+  if (x < 0 || (x == 0 && !allow_zero))
+    fail("{}: {} is not a size: it must be {}", what, text, allow_zero ? "0 or more" : "positive");
+  constexpr double kMaxGiB = double(1 << 20);
+  if (x > kMaxGiB) fail("{}: {} is beyond {} GiB", what, text, kMaxGiB);
+  return std::llround(x * static_cast<double>(kGiB));
+}
+
+int64_t max_resident_tokens(int64_t memory_bytes, int64_t weight_bytes, int64_t reserve_bytes,
+                            int64_t kv_bytes_per_token) {
+  const int64_t free_bytes = memory_bytes - weight_bytes - reserve_bytes;
+  if (free_bytes <= 0 || kv_bytes_per_token <= 0) return 0;
+  return free_bytes / kv_bytes_per_token;
+}
+
+MemoryPlan plan_memory(const ModelShape& m, int64_t memory_bytes, int64_t reserve_bytes) {
+  MemoryPlan p;
+  p.memory_bytes = memory_bytes;
+  p.free_bytes = memory_bytes - m.weight_bytes - reserve_bytes;
+  p.fits = p.free_bytes >= 0;
+  p.max_tokens =
+      max_resident_tokens(memory_bytes, m.weight_bytes, reserve_bytes, m.kv_bytes_per_token());
+  for (int64_t u : kUserCounts) p.users.emplace_back(u, p.max_tokens / u);
+  return p;
+}
+
+std::string describe_kv_pool(int64_t pool_tokens, int64_t n_ctx, int64_t bytes_per_token) {
+  pool_tokens = std::max<int64_t>(pool_tokens, 0);
+  n_ctx = std::max<int64_t>(n_ctx, 1);
+  std::string s = fmt::format(
+      "KV pool: {} tokens ({}, fp16): ", pool_tokens,
+      mib_or_gib(static_cast<double>(pool_tokens) * static_cast<double>(bytes_per_token)));
+  const int64_t useful = std::min<int64_t>(n_ctx, 256);
+  for (int64_t u : kUserCounts) {
+    const int64_t ctx = std::min(n_ctx, pool_tokens / u);
+    if (u == 1) {
+      s += fmt::format("1 user x {} context", ctx);
+    } else {
+      if (ctx < useful) break;
+      s += fmt::format("{} {} x {}", u == kUserCounts[1] ? ", or" : ",", u, ctx);
+    }
+  }
+  return s;
+}
+
+std::string group_thousands(int64_t n) {
+  const std::string digits = std::to_string(n < 0 ? -n : n);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
+}  // namespace barata::plan

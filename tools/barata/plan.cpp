@@ -1,0 +1,157 @@
+// barata plan: how much context, for how many users, fits on a card: weights
+// + fp16 KV bytes per token x resident tokens + a reserve, per memory size,
+// for a preset shape or a GGUF file; as plain tables or (--json) one JSON
+// document. docs/plan.md.
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "barata/error.h"
+#include "barata/gguf.h"
+#include "barata/plan.h"
+#include "commands.h"
+
+namespace barata::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+using plan::group_thousands;
+
+struct PlanArgs {
+  std::string preset, model, weights;
+  std::vector<std::string> mem{"8G", "16G", "24G", "80G"};
+  std::string reserve = "1.5G";
+  bool json = false;
+};
+
+// 7e9 -> "6.52 GiB", 2e7 -> "19.1 MiB".
+std::string human(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= double(1 << 30)) return fmt::format("{:.2f} GiB", b / double(1 << 30));
+  if (b >= double(1 << 20)) return fmt::format("{:.1f} MiB", b / double(1 << 20));
+  if (b >= double(1 << 10)) return fmt::format("{:.1f} KiB", b / double(1 << 10));
+  return fmt::format("{} B", bytes);
+}
+
+// A memory size as given: 17179869184 -> "16 GiB", 1610612736 -> "1.5 GiB",
+// at most four decimals.
+std::string gib_label(int64_t bytes) {
+  std::string s =
+      fmt::format("{:.4f}", static_cast<double>(bytes) / static_cast<double>(plan::kGiB));
+  while (s.back() == '0') s.pop_back();
+  if (s.back() == '.') s.pop_back();
+  return s + " GiB";
+}
+
+double stored_bits(const plan::ModelShape& m) {
+  return m.n_params > 0 ? 8.0 * static_cast<double>(m.weight_bytes) / m.n_params : 0.0;
+}
+
+json to_json(const plan::ModelShape& m, int64_t reserve, const std::vector<plan::MemoryPlan>& ps) {
+  json j;
+  j["model"] = {{"name", m.name},
+                {"source", m.from_file ? "file" : "preset"},
+                {"params", m.n_params},
+                {"weights", m.format ? plan::weight_format_name(*m.format) : "file"},
+                {"bits_per_weight", m.format ? plan::bits_per_weight(*m.format) : stored_bits(m)},
+                {"weight_bytes", m.weight_bytes},
+                {"n_layer", m.n_layer},
+                {"n_head_kv", m.n_head_kv},
+                {"head_dim", m.head_dim},
+                {"kv_bytes_per_token", m.kv_bytes_per_token()}};
+  j["reserve_bytes"] = reserve;
+  json mem = json::array();
+  for (const auto& p : ps) {
+    json users = json::array();
+    for (const auto& [u, ctx] : p.users) users.push_back({{"users", u}, {"context", ctx}});
+    mem.push_back({{"gib", static_cast<double>(p.memory_bytes) / static_cast<double>(plan::kGiB)},
+                   {"bytes", p.memory_bytes},
+                   {"fits", p.fits},
+                   {"free_bytes", p.free_bytes},
+                   {"max_tokens", p.max_tokens},
+                   {"context_per_user", users}});
+  }
+  j["memory"] = std::move(mem);
+  return j;
+}
+
+void print_text(const plan::ModelShape& m, int64_t reserve,
+                const std::vector<plan::MemoryPlan>& ps) {
+  const std::string what =
+      m.format ? fmt::format("{} ({} bits/weight)", plan::weight_format_name(*m.format),
+                             plan::bits_per_weight(*m.format))
+               : fmt::format("as stored ({:.2f} bits/weight)", stored_bits(m));
+  fmt::print("model: {} {}, {} params, {}: weights {}\n", m.from_file ? "file" : "preset", m.name,
+             group_thousands(m.n_params), what, human(m.weight_bytes));
+  fmt::print("KV cache: fp16, {} B/token (2 x {} layers x {} KV heads x {} x 2 B)\n",
+             group_thousands(m.kv_bytes_per_token()), m.n_layer, m.n_head_kv, m.head_dim);
+  fmt::print("reserve: {}\n", human(reserve));
+  for (const auto& p : ps) {
+    fmt::print("\n");
+    if (!p.fits) {
+      fmt::print("{}: does not fit: weights {} + reserve {} exceed it by {} (0 tokens)\n",
+                 gib_label(p.memory_bytes), human(m.weight_bytes), human(reserve),
+                 human(-p.free_bytes));
+      continue;
+    }
+    fmt::print("{}: {} tokens ({} for KV after weights and reserve)\n\n", gib_label(p.memory_bytes),
+               group_thousands(p.max_tokens), human(p.free_bytes));
+    fmt::print("| users | context per user |\n");
+    fmt::print("|------:|-----------------:|\n");
+    for (const auto& [u, ctx] : p.users)
+      fmt::print("| {:>5} | {:>16} |\n", u, group_thousands(ctx));
+  }
+}
+
+int run(const PlanArgs& a) {
+  std::optional<plan::WeightFormat> format;
+  if (!a.weights.empty()) format = plan::parse_weight_format(a.weights);  // checked by CLI11
+  std::vector<int64_t> mem;
+  for (const auto& s : a.mem) mem.push_back(plan::parse_gib(s, "--mem"));
+  const int64_t reserve = plan::parse_gib(a.reserve, "--reserve", /*allow_zero=*/true);
+
+  plan::ModelShape m;
+  if (!a.model.empty()) {
+    m = plan::from_gguf(GgufFile::open(a.model), format);
+  } else if (!a.preset.empty()) {
+    m = plan::preset(a.preset, format.value_or(plan::WeightFormat::kFp16));
+  } else {
+    fail("plan: name a model: --preset 7b|13b|70b or -m FILE");
+  }
+  std::vector<plan::MemoryPlan> ps;
+  for (int64_t b : mem) ps.push_back(plan::plan_memory(m, b, reserve));
+  if (a.json) {
+    fmt::print("{}\n", to_json(m, reserve, ps).dump(2, ' ', false, json::error_handler_t::replace));
+  } else {
+    print_text(m, reserve, ps);
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+Command add_plan(CLI::App& app) {
+  auto* sub = app.add_subcommand(
+      "plan", "How much context, for how many users, fits in a memory size (weights + KV cache)");
+  auto a = std::make_shared<PlanArgs>();
+  auto* preset = sub->add_option("--preset", a->preset, "Model shape: 7b, 13b or 70b");
+  auto* model = sub->add_option("-m,--model", a->model, "GGUF file: its exact weights and shape")
+                    ->check(CLI::ExistingFile);
+  preset->excludes(model);
+  sub->add_option("--weights", a->weights,
+                  "Weights as fp16, int8 or int4 (4.125 bits: group-128, fp16 scales); default: "
+                  "fp16 for a preset, the file's own bytes for -m")
+      ->check(CLI::IsMember({"fp16", "int8", "int4"}));
+  sub->add_option("--mem", a->mem, "Memory sizes in GiB, e.g. 8G,16G,24G (default: 8,16,24,80)")
+      ->delimiter(',');
+  sub->add_option("--reserve", a->reserve,
+                  "GiB kept free for activations, the runtime and fragmentation (default: 1.5)");
+  sub->add_flag("--json", a->json, "Print one JSON document instead of tables");
+  return {sub, [a] { return run(*a); }};
+}
+
+}  // namespace barata::cli
