@@ -12,9 +12,11 @@ struct Command {
   std::function<int()> run;  // its exit status
 };
 
+Command add_batch(CLI::App& app);
 Command add_bench(CLI::App& app);
 Command add_chat(CLI::App& app);
 Command add_inspect(CLI::App& app);
+Command add_plan(CLI::App& app);
 Command add_quantize(CLI::App& app);
 Command add_run(CLI::App& app);
 Command add_tokenize(CLI::App& app);

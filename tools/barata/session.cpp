@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "barata/error.h"
+#include "barata/scheduler.h"
 #include "barata/plan.h"
 #include "default_model.h"
 
@@ -143,79 +144,114 @@ Generation generate(Session& s, int seq, std::span<const int32_t> prompt, std::v
   Generation g;
   const Tokenizer& tok = s.tok;
   Engine& engine = s.engine;
-  for (int32_t t : prompt) sampler.accept(t);
   all.insert(all.end(), prompt.begin(), prompt.end());
-  std::vector<float> logits(static_cast<size_t>(s.model.config().n_vocab));
-  StreamDecoder stream(tok);
-
   g.prefill_tokens = static_cast<int64_t>(prompt.size());
-  const auto t_prefill = Clock::now();
-  engine.prefill(seq, prompt, logits.data());
-  g.prefill_ms = ms_since(t_prefill);
-  const auto t_decode = Clock::now();
-  for (int i = 0; i < o.n_predict; ++i) {
-    if (o.top_logits > 0 || o.show_probs > 0) {
-      nlohmann::json step;
-      if (o.top_logits > 0) {
-        nlohmann::json tl = nlohmann::json::array();
-        for (auto [id, p] : top_probs(logits, 1.0f, o.top_logits)) {
-          (void)p;
-          tl.push_back({id, logits[static_cast<size_t>(id)]});
-        }
-        step["top_logits"] = tl;
+  if (o.n_predict == 0) {  // the prompt into the cache, nothing sampled
+    for (int32_t t : prompt) sampler.accept(t);
+    std::vector<float> logits(static_cast<size_t>(s.model.config().n_vocab));
+    const auto t0 = Clock::now();
+    engine.prefill(seq, prompt, logits.data());
+    g.prefill_ms = ms_since(t0);
+    return g;
+  }
+
+  // One request on the scheduler, a batch of one; without the cache, one
+  // request per token, each recomputing the whole sequence.
+  EngineSteps steps(engine);
+  SchedulerOptions so;
+  so.slots = 1;
+  so.max_batch_tokens = std::max<int64_t>(s.n_ctx, 1);  // the prompt in one call
+  so.prefix_cache = false;
+  so.is_eog = [&tok](int32_t t) { return tok.is_eog(t); };
+  Scheduler sch(steps, so);
+  StreamDecoder stream(tok);  // across the requests of --no-kv-cache
+  sch.on_logits = [&](const Sequence&, std::span<const float> logits) {
+    if (o.top_logits <= 0 && o.show_probs <= 0) return;
+    nlohmann::json step;
+    if (o.top_logits > 0) {
+      nlohmann::json tl = nlohmann::json::array();
+      for (auto [id, p] : top_probs(logits, 1.0f, o.top_logits)) {
+        (void)p;
+        tl.push_back({id, logits[static_cast<size_t>(id)]});
       }
-      if (o.show_probs > 0) {
-        const float temp = sampler.options().temperature > 0 ? sampler.options().temperature : 1.0f;
-        nlohmann::json tp = nlohmann::json::array();
-        for (auto [id, p] : top_probs(logits, temp, o.show_probs)) tp.push_back({id, p});
-        step["probs"] = tp;
-        if (o.print_probs) {
-          std::string line = "\n[probs";
-          for (const auto& e : tp)
-            line += fmt::format(" {}:{:.4f}",
-                                nlohmann::json(tok.token_to_piece(e[0].get<int32_t>()))
-                                    .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-                                e[1].get<float>());
-          fmt::print(stderr, "{}]\n", line);
-        }
+      step["top_logits"] = tl;
+    }
+    if (o.show_probs > 0) {
+      const float temp = sampler.options().temperature > 0 ? sampler.options().temperature : 1.0f;
+      nlohmann::json tp = nlohmann::json::array();
+      for (auto [id, p] : top_probs(logits, temp, o.show_probs)) tp.push_back({id, p});
+      step["probs"] = tp;
+      if (o.print_probs) {
+        std::string line = "\n[probs";
+        for (const auto& e : tp)
+          line += fmt::format(" {}:{:.4f}",
+                              nlohmann::json(tok.token_to_piece(e[0].get<int32_t>()))
+                                  .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                              e[1].get<float>());
+        fmt::print(stderr, "{}]\n", line);
       }
-      g.steps.push_back(step);
     }
-    const int32_t next = sampler.sample(logits);
-    if (i == 0) g.ttft_ms = g.prefill_ms + ms_since(t_decode);
-    sampler.accept(next);
-    g.generated.push_back(next);
-    all.push_back(next);
-    if (tok.is_eog(next)) {
-      g.stop = "eog";
-      break;
+    g.steps.push_back(step);
+  };
+  const auto t_start = Clock::now();
+  Clock::time_point t_decode;
+  sch.on_token = [&](const Sequence&, int32_t id, std::string_view) {
+    if (g.generated.empty()) {
+      g.ttft_ms = ms_since(t_start);
+      t_decode = Clock::now();
     }
-    const std::string piece = stream.push(next);
+    g.generated.push_back(id);
+    if (tok.is_eog(id)) return;
+    const std::string piece = stream.push(id);
     g.text += piece;
     on_text(piece);
-    if (SigintCatcher::interrupted()) {
-      g.stop = "interrupted";
-      break;
+  };
+
+  Request r;
+  r.prompt = all;
+  r.sampler = &sampler;
+  r.kv_seq = seq;
+  FinishReason finish = FinishReason::kNone;
+  for (int64_t left = o.n_predict; left > 0 && finish == FinishReason::kNone;) {
+    r.max_tokens = o.no_cache ? 1 : left;
+    if (o.no_cache) engine.truncate(seq, 0);  // recompute the whole sequence: what the cache saves
+    const int id = sch.submit(r);
+    bool first = true;
+    while (!sch.idle()) {
+      if (SigintCatcher::interrupted()) {
+        sch.cancel(id);
+        break;
+      }
+      const StepInfo info = sch.step();
+      if (first && g.generated.empty()) g.prefill_ms = info.ms;
+      first = false;
     }
-    if (i + 1 == o.n_predict) break;
-    if (static_cast<int64_t>(all.size()) >= s.n_ctx) {
-      g.stop = "context_full";
-      fmt::print(stderr, "\nnote: stopped at the context limit of {} tokens\n", s.n_ctx);
-      break;
-    }
-    if (o.no_cache) {
-      engine.truncate(seq, 0);  // recompute the whole sequence: what the cache saves
-      engine.prefill(seq, all, logits.data());
-    } else {
-      const int seqs[1] = {seq};
-      const int32_t toks[1] = {next};
-      engine.decode(seqs, toks, logits.data());
-    }
+    const Sequence& q = sch.sequence(id);
+    if (q.status == SeqStatus::kFailed) fail("{}", q.error);
+    r.prompt.assign(q.tokens.begin(), q.tokens.end());
+    left -= static_cast<int64_t>(q.output().size());
+    if (q.finish != FinishReason::kLength || left == 0) finish = q.finish;
+    if (SigintCatcher::interrupted()) finish = FinishReason::kCancelled;
   }
-  g.decode_ms = ms_since(t_decode);
+  all = r.prompt;
+  if (!g.generated.empty()) g.decode_ms = ms_since(t_decode);
   const std::string tail = stream.flush();
   g.text += tail;
   on_text(tail);
+  switch (finish) {
+    case FinishReason::kEos:
+      g.stop = "eog";
+      break;
+    case FinishReason::kCancelled:
+      g.stop = "interrupted";
+      break;
+    case FinishReason::kContext:
+      g.stop = "context_full";
+      fmt::print(stderr, "\nnote: stopped at the context limit of {} tokens\n", s.n_ctx);
+      break;
+    default:
+      g.stop = "n_predict";
+  }
   return g;
 }
 
