@@ -173,7 +173,7 @@ void Scheduler::release(Sequence& s, bool keep_computed) {
 void Scheduler::finish(Sequence& s, FinishReason r) {
   s.status = SeqStatus::kFinished;
   s.finish = r;
-  s.t_finished = now();
+  s.t_last_token = s.t_finished = now();
   s.step_finished = stats_.steps;
   if (s.decoder) {
     const std::string tail = s.decoder->flush();
@@ -282,7 +282,14 @@ StepInfo Scheduler::step() {
     bool all_done = true;
     for (int id : running_) all_done = all_done && seqs_[static_cast<size_t>(id)]->done();
     if (all_done) {
-      for (int id : running_) release(*seqs_[static_cast<size_t>(id)], true);
+      // The batch's results are delivered together, when its last member ends.
+      double end = 0;
+      for (int id : running_) end = std::max(end, seqs_[static_cast<size_t>(id)]->t_finished);
+      for (int id : running_) {
+        Sequence& s = *seqs_[static_cast<size_t>(id)];
+        release(s, true);
+        s.t_finished = end;
+      }
       running_.clear();
     }
   }

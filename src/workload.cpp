@@ -389,6 +389,10 @@ SimResult simulate(BatchPolicy policy, std::span<const int64_t> lengths,
     if (policy == BatchPolicy::kContinuous) {
       std::erase_if(batch, [](const Slot& s) { return s.left == 0; });
     } else if (std::all_of(batch.begin(), batch.end(), [](const Slot& s) { return s.left == 0; })) {
+      for (const Slot& s : batch) {  // delivered together
+        r.finish_s[s.req] = t;
+        r.latency_s[s.req] = t - arrival(s.req);
+      }
       batch.clear();
     }
   }

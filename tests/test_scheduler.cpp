@@ -246,6 +246,12 @@ TEST(Scheduler, StaticBatchingPadsAndMatches) {
   int64_t end0 = 0;
   for (int i = 0; i < 4; ++i) end0 = std::max(end0, s.sequence(i).step_finished);
   for (int i = 4; i < 8; ++i) EXPECT_GE(s.sequence(i).step_admitted, end0);
+  // The batch's results are delivered together, when its longest member ends.
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_LE(s.sequence(i).t_last_token, s.sequence(i).t_finished);
+    EXPECT_EQ(s.sequence(i).t_finished, s.sequence(2).t_last_token) << i;  // 30 tokens, the longest
+  }
+  EXPECT_LT(s.sequence(1).t_last_token, s.sequence(1).t_finished);
 }
 
 TEST(Scheduler, StaticWithPreemptionMatches) {

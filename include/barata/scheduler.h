@@ -99,7 +99,11 @@ struct Sequence {
   std::string text;   // generated text so far (with a tokenizer), stop string excluded
 
   // Accounting. Times are the scheduler clock's seconds; -1: not yet.
-  double t_admitted = -1, t_first_token = -1, t_finished = -1;
+  // t_last_token: when its last token came out; t_finished: when its result
+  // is delivered, the same except in a static batch, whose members' results
+  // come back together when the batch ends (a padded batch's generate call
+  // returns once its longest member is done).
+  double t_admitted = -1, t_first_token = -1, t_last_token = -1, t_finished = -1;
   int64_t step_admitted = -1, step_first_token = -1, step_finished = -1;
   int64_t n_preemptions = 0;
   int64_t prefix_hit_tokens = 0;  // prompt tokens taken from the prefix cache

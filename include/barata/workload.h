@@ -122,9 +122,11 @@ LatencySummary summarize_latency(std::span<const double> v);
 //    padding rows (computed, as SchedulerOptions::compute_padding does).
 // When nothing can run, time jumps to the next arrival.
 struct SimResult {
-  std::vector<double> finish_s;   // per request: when its last token came out
-  std::vector<double> latency_s;  // finish_s - arrival
-  double total_s = 0;             // when the last request finished
+  // Per request: when its result is delivered (its last token; static: the
+  // end of its batch, as the scheduler counts it), and that minus its arrival.
+  std::vector<double> finish_s;
+  std::vector<double> latency_s;
+  double total_s = 0;  // when the last request finished
   int64_t steps = 0;
   int64_t busy_slot_steps = 0;     // sum over steps of sequences still generating
   int64_t padding_slot_steps = 0;  // static: finished members kept in the batch
