@@ -178,6 +178,7 @@ void Scheduler::finish(Sequence& s, FinishReason r) {
   if (s.decoder) {
     const std::string tail = s.decoder->flush();
     if (r != FinishReason::kStop) s.text += tail;
+    stream_text(s, true);
   }
   if (on_finish) on_finish(s);
 }
@@ -203,6 +204,28 @@ void Scheduler::cancel(int id) {
   finish(s, FinishReason::kCancelled);
 }
 
+// Passes on_text the text that is final: everything when the sequence ends,
+// else all but a tail that could be the start of a stop string.
+void Scheduler::stream_text(Sequence& s, bool all) {
+  size_t end = s.text.size();
+  if (!all) {
+    for (const std::string& st : s.req.stop) {
+      if (st.empty()) continue;
+      // The longest suffix of the text that is a proper prefix of st.
+      for (size_t k = std::min(st.size() - 1, s.text.size()); k > 0; --k) {
+        if (s.text.compare(s.text.size() - k, k, st, 0, k) == 0) {
+          end = std::min(end, s.text.size() - k);
+          break;
+        }
+      }
+    }
+  }
+  if (end > s.n_streamed) {
+    if (on_text) on_text(s, std::string_view(s.text).substr(s.n_streamed, end - s.n_streamed));
+    s.n_streamed = end;
+  }
+}
+
 // Appends a sampled token and checks the stop conditions; true when it stops.
 bool Scheduler::emit(Sequence& s, int32_t token) {
   s.tokens.push_back(token);
@@ -213,10 +236,9 @@ bool Scheduler::emit(Sequence& s, int32_t token) {
     s.step_first_token = stats_.steps;
   }
   const bool eog = !s.req.ignore_eos && opts_.is_eog && opts_.is_eog(token);
-  std::string piece;
-  if (s.decoder && !eog) piece = s.decoder->push(token);
   FinishReason stop = FinishReason::kNone;
-  if (!piece.empty() && !s.req.stop.empty()) {
+  if (s.decoder && !eog) {
+    const std::string piece = s.decoder->push(token);
     // A stop string may straddle pieces: search the new text with enough of the old.
     size_t longest = 0;
     for (const std::string& st : s.req.stop) longest = std::max(longest, st.size());
@@ -229,15 +251,12 @@ bool Scheduler::emit(Sequence& s, int32_t token) {
       if (at != std::string::npos) cut = std::min(cut, at);
     }
     if (cut != std::string::npos) {
-      const size_t before = s.text.size() - piece.size();
-      piece = cut > before ? piece.substr(0, cut - before) : std::string();
       s.text.resize(cut);
       stop = FinishReason::kStop;
     }
-  } else {
-    s.text += piece;
   }
-  if (on_token) on_token(s, token, piece);
+  if (on_token) on_token(s, token);
+  stream_text(s, stop != FinishReason::kNone);
   if (stop == FinishReason::kNone) {
     if (eog)
       stop = FinishReason::kEos;

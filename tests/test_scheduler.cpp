@@ -13,6 +13,7 @@
 #include "barata/error.h"
 #include "barata/model.h"
 #include "barata/scheduler.h"
+#include "barata/tokenizer.h"
 #include "test_util.h"
 
 namespace barata {
@@ -278,7 +279,7 @@ TEST(Scheduler, PrefixCacheSharesBlocksAndChangesNothing) {
   o.slots = 4;
   Scheduler s(e, o);
   int64_t max_shared = 0;
-  s.on_token = [&](const Sequence&, int32_t, std::string_view) {
+  s.on_token = [&](const Sequence&, int32_t) {
     max_shared = std::max(max_shared, e.blocks().shared_blocks());
   };
   for (const auto& r : rs) s.submit(r);
@@ -468,6 +469,52 @@ TEST(SchedulerEngine, PrefixCacheOnTheTinyModel) {
     EXPECT_EQ(run_all(e, rs, o, &st), alone) << "prefix cache " << cache;
     EXPECT_EQ(st.prefix_hit_tokens, cache ? 6 * 64 : 0);
   }
+}
+
+TEST(SchedulerEngine, StopStringsCutTheTextAndEndTheRequest) {
+  Tiny tiny;
+  const Tokenizer tok = Tokenizer::from_gguf(tiny.model.file());
+  EngineOwner e(tiny.engine(1024));
+  SchedulerOptions o;
+  o.tokenizer = &tok;
+  Request r;
+  r.prompt = tok.encode("Once upon a time", true, false);
+  r.sampling = greedy();
+  r.max_tokens = 40;
+  r.ignore_eos = true;
+  // The free run's text, then a stop string from its middle.
+  Scheduler free_run(e, o);
+  const int a = free_run.submit(r);
+  std::string streamed;
+  free_run.on_text = [&](const Sequence&, std::string_view piece) { streamed += piece; };
+  free_run.run();
+  const std::string text = free_run.sequence(a).text;
+  ASSERT_GT(text.size(), 20u) << text;
+  EXPECT_EQ(streamed, text) << "the pieces add up to the text";
+  const std::string stop = text.substr(10, 4);
+  const size_t at = text.find(stop);
+  Scheduler stopped(e, o);
+  r.stop = {stop, "a string that never comes"};
+  std::string streamed2;
+  stopped.on_text = [&](const Sequence&, std::string_view piece) { streamed2 += piece; };
+  const int b = stopped.submit(r);
+  stopped.run();
+  const Sequence& q = stopped.sequence(b);
+  EXPECT_EQ(q.finish, FinishReason::kStop);
+  EXPECT_EQ(q.text, text.substr(0, at)) << "the text ends before the stop string";
+  EXPECT_EQ(streamed2, q.text) << "nothing of the stop string was streamed";
+  EXPECT_LT(q.output().size(), free_run.sequence(a).output().size());
+  EXPECT_EQ(e.blocks().blocks_in_use(), 0);
+}
+
+TEST(SchedulerEngine, StopStringsWithoutATokenizerFailTheRequest) {
+  FakeEngine e(8);
+  Scheduler s(e, SchedulerOptions{});
+  Request r = req(4, 3, 0);
+  r.stop = {"x"};
+  s.submit(r);
+  EXPECT_EQ(s.sequence(0).status, SeqStatus::kFailed);
+  EXPECT_TRUE(s.idle());
 }
 
 }  // namespace

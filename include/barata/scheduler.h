@@ -95,8 +95,9 @@ struct Sequence {
   int kv = -1;             // the engine's sequence while it holds blocks
   SeqStatus status = SeqStatus::kWaiting;
   FinishReason finish = FinishReason::kNone;
-  std::string error;  // why it failed (status kFailed)
-  std::string text;   // generated text so far (with a tokenizer), stop string excluded
+  std::string error;      // why it failed (status kFailed)
+  std::string text;       // generated text so far (with a tokenizer), stop string excluded
+  size_t n_streamed = 0;  // bytes of text passed to Scheduler::on_text
 
   // Accounting. Times are the scheduler clock's seconds; -1: not yet.
   // t_last_token: when its last token came out; t_finished: when its result
@@ -184,9 +185,13 @@ class Scheduler {
   bool idle() const;  // nothing waiting or running
   void cancel(int id);
 
-  // Called after each generated token (the sequence's tokens include it);
-  // `piece` is its text when a tokenizer is set (possibly empty).
-  std::function<void(const Sequence&, int32_t token, std::string_view piece)> on_token;
+  // Called after each generated token (the sequence's tokens include it).
+  std::function<void(const Sequence&, int32_t token)> on_token;
+  // With a tokenizer: generated text as it becomes final, in order; text
+  // that could be the start of a stop string is held back until it is known
+  // not to be (or the sequence ends), and a stop string is never passed on.
+  // The pieces add up to Sequence::text.
+  std::function<void(const Sequence&, std::string_view text)> on_text;
   // Called once when a sequence finishes or fails.
   std::function<void(const Sequence&)> on_finish;
   // Called with a sequence's logits just before its next token is sampled
@@ -208,6 +213,7 @@ class Scheduler {
   void fail_request(Sequence& s, std::string why);
   void release(Sequence& s, bool keep_computed);
   bool emit(Sequence& s, int32_t token);  // true when the sequence stops
+  void stream_text(Sequence& s, bool all);
 
   StepEngine& engine_;
   SchedulerOptions opts_;

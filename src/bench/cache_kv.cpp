@@ -42,7 +42,7 @@ struct GreedyRun {
     o.max_batch_tokens = std::max<int64_t>(e.n_ctx(), 1);  // the prompt in one call
     o.prefix_cache = false;
     Scheduler sch(steps, o);
-    sch.on_token = [&](const Sequence&, int32_t id, std::string_view) { tr.record(e, t0, id); };
+    sch.on_token = [&](const Sequence&, int32_t id) { tr.record(e, t0, id); };
     Request r;
     r.prompt = std::move(tokens);
     r.sampling.temperature = 0;

@@ -195,7 +195,7 @@ Generation generate(Session& s, int seq, std::span<const int32_t> prompt, std::v
   };
   const auto t_start = Clock::now();
   Clock::time_point t_decode;
-  sch.on_token = [&](const Sequence&, int32_t id, std::string_view) {
+  sch.on_token = [&](const Sequence&, int32_t id) {
     if (g.generated.empty()) {
       g.ttft_ms = ms_since(t_start);
       t_decode = Clock::now();
