@@ -346,14 +346,10 @@ StepInfo Scheduler::step() {
     }
     return budget;
   };
-  auto blocks_of = [&](const Work& w) {
-    // A padding row is written and then taken back: it needs its block only for the step.
-    return kv.blocks_needed(w.s->kv, w.n);
-  };
   int64_t budget = plan_running();
   for (;;) {
     int64_t need = 0;
-    for (const Work& w : work) need += blocks_of(w);
+    for (const Work& w : work) need += kv.blocks_needed(w.s->kv, w.n);
     if (need <= kv.free_blocks()) break;
     // Out of blocks: padding goes first (finished members of a static batch
     // stop being computed), then the youngest running sequence is preempted.
@@ -391,7 +387,7 @@ StepInfo Scheduler::step() {
   // Admissions: first come, first served (no skipping: nobody starves),
   // while a slot is free and the pool can hold the whole remaining prompt.
   int64_t planned = 0;
-  for (const Work& w : work) planned += blocks_of(w);
+  for (const Work& w : work) planned += kv.blocks_needed(w.s->kv, w.n);
   const bool new_batch = running_.empty();
   while (!waiting_.empty() && static_cast<int>(running_.size()) < opts_.slots) {
     Sequence& s = *seqs_[static_cast<size_t>(waiting_.front())];
@@ -426,7 +422,7 @@ StepInfo Scheduler::step() {
     if (budget > 0) {
       const int64_t n = std::min(left, budget);
       work.push_back({&s, n, false});
-      planned += blocks_of(work.back());
+      planned += kv.blocks_needed(s.kv, n);
       budget -= n;
     }
   }

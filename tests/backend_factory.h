@@ -8,6 +8,7 @@
 
 #include "barata/backend.h"
 #include "barata/engine.h"
+#include "sanitizer.h"
 #ifdef BARATA_TEST_EMU_BACKEND
 #include "cuda/cuda_backend.h"
 #endif
@@ -25,22 +26,6 @@ inline std::unique_ptr<Backend> make_test_backend(DeviceKind d, int n_threads) {
 inline bool emulated_backend() {
 #ifdef BARATA_TEST_EMU_BACKEND
   return true;
-#else
-  return false;
-#endif
-}
-
-// Under AddressSanitizer every fiber switch of the emulation costs about 30
-// times more: the emulated tests shorten their runs there.
-inline bool sanitized() {
-#if defined(__SANITIZE_ADDRESS__)
-  return true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-  return true;
-#else
-  return false;
-#endif
 #else
   return false;
 #endif

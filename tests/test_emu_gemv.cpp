@@ -29,6 +29,7 @@
 #include "barata/quant_blocks.h"
 #include "block_decode.cuh"
 #include "gemv.cuh"
+#include "sanitizer.h"
 
 namespace barata {
 namespace {
@@ -231,24 +232,10 @@ class EmuGemv : public ::testing::Test {
 
 const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1};
 
-constexpr bool asan() {
-#if defined(__SANITIZE_ADDRESS__)
-  return true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-  return true;
-#else
-  return false;
-#endif
-#else
-  return false;
-#endif
-}
-
 TEST_F(EmuGemv, AllTypesAndShapes) {
   // Under AddressSanitizer a fiber switch costs ~30x: the widest case (4864
   // x 130, the bulk of the run) is left to the unsanitized build.
-  const bool short_run = asan();
+  const bool short_run = test::sanitized();
   for (DType t : kTypes) {
     std::vector<int64_t> ks = {32, 96, 896, 4864};
     if (dtype_traits(t).block_size == 1) ks.insert(ks.end(), {17, 100, 1});

@@ -205,7 +205,6 @@ class Scheduler {
   double now() const { return opts_.clock(); }
 
  private:
-  struct Plan;
   bool admissible(const Sequence& s, bool new_batch) const;
   void admit(Sequence& s);
   void preempt(Sequence& s);
