@@ -29,39 +29,49 @@ struct Trace {
   }
 };
 
-// Greedy requests on the scheduler (a batch of one), recording each token.
-struct GreedyRun {
-  Engine& e;
-  Trace& tr;
-  Clock::time_point t0;
+// Greedy requests on one scheduler (a batch of one), recording each token.
+// The scheduler is made once per trace, outside the timed requests' work.
+class GreedyRun {
+ public:
+  GreedyRun(Engine& e, Trace& tr) : e_(e), tr_(tr), steps_(e), sch_(steps_, options(e)) {
+    sch_.on_token = [this](const Sequence&, int32_t id) { tr_.record(e_, t0_, id); };
+    t0_ = Clock::now();
+  }
   // Runs `tokens` as one request of up to n tokens on sequence seq; returns the sequence's tokens.
   std::vector<int32_t> request(int seq, std::vector<int32_t> tokens, int64_t n) {
-    EngineSteps steps(e);
-    SchedulerOptions o;
-    o.slots = 1;
-    o.max_batch_tokens = std::max<int64_t>(e.n_ctx(), 1);  // the prompt in one call
-    o.prefix_cache = false;
-    Scheduler sch(steps, o);
-    sch.on_token = [&](const Sequence&, int32_t id) { tr.record(e, t0, id); };
     Request r;
     r.prompt = std::move(tokens);
     r.sampling.temperature = 0;
     r.max_tokens = n;
     r.ignore_eos = true;
     r.kv_seq = seq;
-    const int id = sch.submit(r);
-    sch.run();
-    const Sequence& q = sch.sequence(id);
+    const int id = sch_.submit(r);
+    sch_.run();
+    const Sequence& q = sch_.sequence(id);
     if (q.status == SeqStatus::kFailed) fail("{}", q.error);
     return q.tokens;
   }
+
+ private:
+  static SchedulerOptions options(const Engine& e) {
+    SchedulerOptions o;
+    o.slots = 1;
+    o.max_batch_tokens = std::max<int64_t>(e.n_ctx(), 1);  // the prompt in one call
+    o.prefix_cache = false;
+    return o;
+  }
+  Engine& e_;
+  Trace& tr_;
+  EngineSteps steps_;
+  Scheduler sch_;
+  Clock::time_point t0_;
 };
 
 // The KV cache: prefill the prompt once, then one decode step per token.
 Trace generate_cached(Engine& e, int seq, std::span<const int32_t> prompt, int64_t T) {
   Trace tr;
   e.truncate(seq, 0);
-  GreedyRun g{e, tr, Clock::now()};
+  GreedyRun g(e, tr);
   g.request(seq, {prompt.begin(), prompt.end()}, T);
   return tr;
 }
@@ -70,7 +80,7 @@ Trace generate_cached(Engine& e, int seq, std::span<const int32_t> prompt, int64
 Trace generate_uncached(Engine& e, int seq, std::span<const int32_t> prompt, int64_t T) {
   Trace tr;
   std::vector<int32_t> all(prompt.begin(), prompt.end());
-  GreedyRun g{e, tr, Clock::now()};
+  GreedyRun g(e, tr);
   for (int64_t i = 0; i < T; ++i) {
     e.truncate(seq, 0);
     all = g.request(seq, std::move(all), 1);
