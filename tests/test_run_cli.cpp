@@ -43,6 +43,10 @@ TEST(RunCli, GreedyFromTextMatchesTheReference) {
   EXPECT_EQ(j["text"], ref["text"]);
   EXPECT_GT(j["timings"]["decode_tokens_per_s"].get<double>(), 0.0);
   EXPECT_EQ(j["timings"]["prefill_tokens"], ref["prompt_ids"].size());
+  // The prefill is timed (it once read 0 ms: the first token had been counted before the check).
+  EXPECT_GT(j["timings"]["prefill_ms"].get<double>(), 0.0);
+  EXPECT_LE(j["timings"]["prefill_ms"].get<double>(),
+            j["timings"]["time_to_first_token_ms"].get<double>());
 }
 
 TEST(RunCli, NoKvCacheGivesIdenticalIds) {

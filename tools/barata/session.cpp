@@ -212,19 +212,19 @@ Generation generate(Session& s, int seq, std::span<const int32_t> prompt, std::v
   r.sampler = &sampler;
   r.kv_seq = seq;
   FinishReason finish = FinishReason::kNone;
+  bool prefill_timed = false;
   for (int64_t left = o.n_predict; left > 0 && finish == FinishReason::kNone;) {
     r.max_tokens = o.no_cache ? 1 : left;
     if (o.no_cache) engine.truncate(seq, 0);  // recompute the whole sequence: what the cache saves
     const int id = sch.submit(r);
-    bool first = true;
     while (!sch.idle()) {
       if (SigintCatcher::interrupted()) {
         sch.cancel(id);
         break;
       }
       const StepInfo info = sch.step();
-      if (first && g.generated.empty()) g.prefill_ms = info.ms;
-      first = false;
+      if (!prefill_timed) g.prefill_ms = info.ms;  // the first call reads the prompt
+      prefill_timed = true;
     }
     const Sequence& q = sch.sequence(id);
     if (q.status == SeqStatus::kFailed) fail("{}", q.error);
