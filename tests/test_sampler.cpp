@@ -1,11 +1,17 @@
 // Sampler semantics (llama.cpp's meaning of each knob) and reproducibility.
+#include <cmath>
 #include <map>
+#include <random>
 
 #include <gtest/gtest.h>
 
 #include "barata/chat_template.h"
+#include "barata/engine.h"
 #include "barata/error.h"
+#include "barata/model.h"
 #include "barata/sampler.h"
+#include "barata/tokenizer.h"
+#include "test_util.h"
 
 namespace barata {
 namespace {
@@ -91,6 +97,54 @@ TEST(Sampler, TopProbsIsASoftmaxAtTemperature) {
   EXPECT_NEAR(p[0].second / p[1].second, std::exp(1.0), 1e-4);
   const auto p2 = top_probs(l, 2.0f, 1);
   EXPECT_NEAR(p2[0].second, std::exp(1.0) / (std::exp(1.0) + std::exp(0.5) + 1.0), 1e-5);
+}
+
+// Soft labels at temperature T are softmax(logits / T), so
+// p_i / p_j = exp((l_i - l_j) / T): at T = 2 every ratio is the square root
+// of its value at T = 1. Checked on the most likely tokens (whose
+// probabilities are far from float underflow) against every other of them.
+// Returns the number of pairs checked whose ratio at T = 1 is at least 2 (the
+// property is not trivially 1 == sqrt(1) there).
+int check_sqrt_ratios(std::span<const float> logits, int k) {
+  const auto p1 = top_probs(logits, 1.0f, static_cast<int>(logits.size()));
+  const auto p2 = top_probs(logits, 2.0f, static_cast<int>(logits.size()));
+  std::map<int32_t, float> at2(p2.begin(), p2.end());
+  int strong = 0;
+  for (int a = 0; a < k; ++a) {
+    for (int b = a + 1; b < k; ++b) {
+      const auto [i, pi] = p1[static_cast<size_t>(a)];
+      const auto [j, pj] = p1[static_cast<size_t>(b)];
+      const double r1 = static_cast<double>(pi) / pj;
+      const double r2 = static_cast<double>(at2.at(i)) / at2.at(j);
+      EXPECT_NEAR(r2, std::sqrt(r1), 1e-6 * std::sqrt(r1)) << "tokens " << i << " and " << j;
+      strong += r1 >= 2.0 ? 1 : 0;
+    }
+  }
+  return strong;
+}
+
+TEST(Sampler, TemperatureTwoTakesTheSquareRootOfProbabilityRatiosOnRandomLogits) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (int trial = 0; trial < 5; ++trial) {
+    std::vector<float> logits(2000);
+    for (float& l : logits) l = nd(rng);
+    EXPECT_GT(check_sqrt_ratios(logits, 40), 0);
+  }
+}
+
+TEST(Sampler, TemperatureTwoTakesTheSquareRootOfProbabilityRatiosOnModelLogits) {
+  const Model m = Model::load(test::tiny_model("aidreams260K.gguf"));
+  const Tokenizer tok = Tokenizer::from_gguf(m.file());
+  Engine e(m, {.n_threads = 1, .n_ctx = 64});
+  const std::vector<int32_t> ids = tok.encode("Once upon a time, there was a", true, false);
+  std::vector<float> logits(ids.size() * static_cast<size_t>(m.config().n_vocab));
+  e.prefill(e.new_sequence(), ids, logits.data(), true);
+  for (size_t row = 0; row < ids.size(); ++row) {
+    const std::span<const float> l(logits.data() + row * static_cast<size_t>(m.config().n_vocab),
+                                   static_cast<size_t>(m.config().n_vocab));
+    EXPECT_GT(check_sqrt_ratios(l, 20), 0) << "position " << row;
+  }
 }
 
 TEST(ChatTemplate, FamiliesAndDetection) {
