@@ -167,6 +167,15 @@ void Engine::run(const Batch& b, float* logits) {
     be.swiglu(gate, up, T * c.d_ff);
     project(L.w_down, gate, out);
     be.add(x, out, T * d);
+    if (residual_hook_) {
+      const float* h = x;
+      if (be.kind() != DeviceKind::kCpu) {
+        residual_host_.resize(static_cast<size_t>(T * d));
+        be.to_host(residual_host_.data(), x, T * d);
+        h = residual_host_.data();
+      }
+      residual_hook_(l, h, T, d);
+    }
   }
   int64_t attn = 0;
   for (const BatchRowMeta& r : b.rows) attn += 2 * (static_cast<int64_t>(r.pos) + 1) * c.head_dim;

@@ -126,6 +126,41 @@ TEST(CudaEngine, Aidreams260KMatchesCpu) {
   run_model(test::tiny_model("aidreams260K.gguf"), 1e-2);
 }
 
+// The residual hook gets a host copy of the device's x, after every layer:
+// the same shape as on the CPU and values within the logits' bound.
+TEST(CudaEngine, ResidualHookCopiesToTheHost) {
+  const Model model = Model::load(test::tiny_model("stories260K.gguf"));
+  const ModelConfig& c = model.config();
+  Engine cpu(model, {.n_threads = 2, .n_ctx = 64});
+  CUDA_ENGINE_OR_SKIP(gpu, model, 64);
+  const std::vector<int32_t> prompt{1, 400, 31, 7, 99, 250, 12, 8};
+  std::vector<std::vector<float>> hc, hg;
+  auto capture = [&](std::vector<std::vector<float>>& into) {
+    return [&into, &c](int64_t l, const float* x, int64_t rows, int64_t d) {
+      EXPECT_EQ(l, static_cast<int64_t>(into.size()));
+      EXPECT_EQ(d, c.d_model);
+      into.emplace_back(x, x + rows * d);
+    };
+  };
+  cpu.set_residual_hook(capture(hc));
+  gpu->set_residual_hook(capture(hg));
+  std::vector<float> logits(static_cast<size_t>(c.n_vocab));
+  cpu.prefill(cpu.new_sequence(), prompt, logits.data());
+  gpu->prefill(gpu->new_sequence(), prompt, logits.data());
+  ASSERT_EQ(hc.size(), static_cast<size_t>(c.n_layer));
+  ASSERT_EQ(hg.size(), hc.size());
+  for (size_t l = 0; l < hc.size(); ++l) {
+    ASSERT_EQ(hg[l].size(), prompt.size() * static_cast<size_t>(c.d_model));
+    float scale = 0, err = 0;
+    for (size_t i = 0; i < hc[l].size(); ++i) {
+      scale = std::max(scale, std::fabs(hc[l][i]));
+      err = std::max(err, std::fabs(hc[l][i] - hg[l][i]));
+    }
+    EXPECT_GT(scale, 0.0f) << "layer " << l;
+    EXPECT_LE(err, 1e-2f * scale) << "layer " << l;
+  }
+}
+
 TEST(CudaEngine, SmolLM2MatchesCpu) {
   if (test::emulated_backend())
     GTEST_SKIP() << "too large for the emulated GPU (runs on a real one)";

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -71,6 +72,13 @@ class Engine {
   };
   const Counts& last_counts() const { return counts_; }
 
+  // Called during every forward pass after each layer's FFN residual add
+  // with the residual stream x of that layer: rows x d floats on the host
+  // (a copy on device backends), row order as in the batch, valid only
+  // during the call. Unset (the default, or an empty function): no cost.
+  using ResidualHook = std::function<void(int64_t layer, const float* x, int64_t rows, int64_t d)>;
+  void set_residual_hook(ResidualHook h) { residual_hook_ = std::move(h); }
+
  private:
   void run(const Batch& batch, float* logits);
 
@@ -81,6 +89,8 @@ class Engine {
   std::unique_ptr<Backend> backend_;
   Counts counts_;
   Batch scratch_batch_;
+  ResidualHook residual_hook_;
+  std::vector<float> residual_host_;  // the hook's copy of x on device backends
 };
 
 }  // namespace barata
