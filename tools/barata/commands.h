@@ -12,10 +12,15 @@ struct Command {
   std::function<int()> run;  // its exit status
 };
 
+Command add_agreement(CLI::App& app);
+Command add_battery(CLI::App& app);
 Command add_batch(CLI::App& app);
 Command add_bench(CLI::App& app);
 Command add_chat(CLI::App& app);
+Command add_eval_quant(CLI::App& app);
 Command add_inspect(CLI::App& app);
+Command add_outliers(CLI::App& app);
+Command add_perplexity(CLI::App& app);
 Command add_plan(CLI::App& app);
 Command add_quantize(CLI::App& app);
 Command add_run(CLI::App& app);

@@ -40,9 +40,13 @@ int main(int argc, char** argv) {
   app.add_flag("-v,--verbose", verbosity, "More log output (repeat for more)");
 
   const std::vector<barata::cli::Command> commands = {
-      barata::cli::add_batch(app),   barata::cli::add_bench(app),    barata::cli::add_chat(app),
-      barata::cli::add_inspect(app), barata::cli::add_plan(app),     barata::cli::add_quantize(app),
-      barata::cli::add_run(app),     barata::cli::add_tokenize(app),
+      barata::cli::add_agreement(app),  barata::cli::add_batch(app),
+      barata::cli::add_battery(app),    barata::cli::add_bench(app),
+      barata::cli::add_chat(app),       barata::cli::add_eval_quant(app),
+      barata::cli::add_inspect(app),    barata::cli::add_outliers(app),
+      barata::cli::add_perplexity(app), barata::cli::add_plan(app),
+      barata::cli::add_quantize(app),   barata::cli::add_run(app),
+      barata::cli::add_tokenize(app),
   };
 
   // A first argument that is no option and no subcommand: name it and list
