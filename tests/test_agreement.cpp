@@ -225,12 +225,19 @@ TEST(Agreement, CliUsageErrors) {
 TEST(Agreement, SmolLM2AgainstItselfWithTheChatTemplate) {
   const fs::path smol = test::model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
   BARATA_NEED_FETCHED(smol, test::fetch_script_for(smol));
-  const test::CliResult r = test::run_cli_within(
-      "agreement --base " + smol.string() + " -m " + smol.string() + " --chat -n 3 -c 256 --json",
-      300);
+  // Four prompts, not the 16 defaults: this runs under the sanitizers too.
+  test::TempDir dir;
+  const std::string p =
+      "What is the capital of France?\nHow many legs does a spider have?\n"
+      "What is 2 + 2?\nWho wrote Romeo and Juliet?\n";
+  test::write_bytes(dir / "p.txt", std::vector<uint8_t>(p.begin(), p.end()));
+  const test::CliResult r =
+      test::run_cli_within("agreement --base " + smol.string() + " -m " + smol.string() +
+                               " --chat -n 3 -c 256 --json --prompts " + (dir / "p.txt").string(),
+                           300);
   ASSERT_EQ(r.status, 0) << r.err;
   const json j = json::parse(r.out);
-  EXPECT_EQ(j["n"].get<int64_t>(), 16 * 3);
+  EXPECT_EQ(j["n"].get<int64_t>(), 4 * 3);
   EXPECT_EQ(j["matches"], j["n"]);
 }
 
