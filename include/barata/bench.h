@@ -179,6 +179,8 @@ struct Chart {
   std::vector<Series> series;
 };
 std::string to_svg(const Chart& c);
+// &, <, > and " as XML entities, for text inside an SVG.
+std::string xml_escape(const std::string& s);
 // The charts of a report: file name (no directory) and chart.
 std::vector<std::pair<std::string, Chart>> report_charts(const Report& r);
 

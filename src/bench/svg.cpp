@@ -18,23 +18,6 @@ constexpr double kLeft = 80, kRight = 210, kTop = 48, kBottom = 56;
 constexpr const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
                                    "#9467bd", "#8c564b", "#e377c2", "#17becf"};
 
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '&')
-      o += "&amp;";
-    else if (c == '<')
-      o += "&lt;";
-    else if (c == '>')
-      o += "&gt;";
-    else if (c == '"')
-      o += "&quot;";
-    else
-      o += c;
-  }
-  return o;
-}
-
 std::string tick_label(double v) {
   const double a = std::fabs(v);
   if (a == 0) return "0";
@@ -89,6 +72,23 @@ Axis make_axis(const std::vector<double>& vals, bool log, double base) {
 
 }  // namespace
 
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '&')
+      o += "&amp;";
+    else if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '"')
+      o += "&quot;";
+    else
+      o += c;
+  }
+  return o;
+}
+
 std::string to_svg(const Chart& c) {
   // Points a log axis cannot show (<= 0) are dropped.
   std::vector<double> xs, ys;
@@ -109,7 +109,7 @@ std::string to_svg(const Chart& c) {
       "{1}\" font-family=\"sans-serif\" font-size=\"12\">\n"
       "<rect width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n"
       "<text x=\"{2}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">{3}</text>\n",
-      kWidth, kHeight, kWidth / 2, esc(c.title));
+      kWidth, kHeight, kWidth / 2, xml_escape(c.title));
   // Grid and ticks.
   for (double t : ax.ticks) {
     const double x = px(t);
@@ -129,11 +129,11 @@ std::string to_svg(const Chart& c) {
       "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"black\"/>\n",
       kLeft, kTop, pw, ph);
   o += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", kLeft + pw / 2,
-                   kHeight - 14, esc(c.x_label));
+                   kHeight - 14, xml_escape(c.x_label));
   o += fmt::format(
       "<text x=\"18\" y=\"{0}\" text-anchor=\"middle\" transform=\"rotate(-90 18 "
       "{0})\">{1}</text>\n",
-      kTop + ph / 2, esc(c.y_label));
+      kTop + ph / 2, xml_escape(c.y_label));
   if (xs.empty())
     o += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">no data</text>\n",
                      kLeft + pw / 2, kTop + ph / 2);
@@ -156,7 +156,7 @@ std::string to_svg(const Chart& c) {
     o += fmt::format(
         "<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"2\"/>\n"
         "<text x=\"{4}\" y=\"{5}\">{6}</text>\n",
-        lx, ly, lx + 24, color, lx + 30, ly + 4, esc(s.name));
+        lx, ly, lx + 24, color, lx + 30, ly + 4, xml_escape(s.name));
   }
   o += "</svg>\n";
   return o;

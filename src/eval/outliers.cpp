@@ -1,5 +1,7 @@
 #include "barata/outliers.h"
 
+#include "barata/bench.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -136,26 +138,7 @@ std::string histogram_bars(std::span<const Bin> bins, int width) {
   return o;
 }
 
-namespace {
-
-std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '&')
-      o += "&amp;";
-    else if (c == '<')
-      o += "&lt;";
-    else if (c == '>')
-      o += "&gt;";
-    else if (c == '"')
-      o += "&quot;";
-    else
-      o += c;
-  }
-  return o;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 std::string histogram_svg(std::span<const Bin> bins, const std::string& title) {
   constexpr double kW = 900, kH = 440, kL = 70, kR = 30, kT = 48, kB = 64;
@@ -167,7 +150,7 @@ std::string histogram_svg(std::span<const Bin> bins, const std::string& title) {
       "{0} {1}\" font-family=\"sans-serif\" font-size=\"12\">\n"
       "<rect width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n"
       "<text x=\"{2}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">{3}</text>\n",
-      kW, kH, kW / 2, xml_escape(title));
+      kW, kH, kW / 2, bench::xml_escape(title));
   // Five horizontal grid lines from 0 to the fullest bin.
   for (int i = 0; i <= 5; ++i) {
     const double v = static_cast<double>(most) * i / 5, y = kT + ph * (1 - i / 5.0);
