@@ -98,7 +98,10 @@ TEST(Battery, MalformedFileNamesTheLine) {
       {"{\"q\": \"x?\", \"a\": [\"?!\"]}", "could never match"},
       {"{\"q\": \"x?\", \"a\": [\"y\"], \"answer\": 1}", "unknown key \"answer\""},
   };
-  for (const auto& [line, what] : bad) {
+  for (const auto& entry : bad) {
+    // Not a structured binding: clang 14 cannot capture one in a lambda.
+    const std::string& line = entry.first;
+    const std::string& what = entry.second;
     const std::string msg = error_of([&] { parse_battery(good + "\n" + line + "\n", "b.jsonl"); });
     EXPECT_NE(msg.find("b.jsonl:3: "), std::string::npos) << line << " -> " << msg;
     EXPECT_NE(msg.find(what), std::string::npos) << line << " -> " << msg;
