@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Configures and builds barata. Usage: scripts/build.sh [release|sanitize|fuzz]
+# Configures and builds barata. Usage: scripts/build.sh [release|sanitize|fuzz] [TARGET...]
 #   release   Release, CUDA when nvcc is found, host SIMD flags  -> build/
 #   sanitize  RelWithDebInfo, ASan + UBSan, CPU only             -> build-sanitize/
 #   fuzz      clang, libFuzzer + ASan + UBSan, CPU only          -> build-fuzz/
@@ -7,6 +7,9 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODE="${1:-release}"
+[ $# -gt 0 ] && shift
+TARGETS=()
+[ $# -gt 0 ] && TARGETS=(--target "$@")  # only these (default: everything)
 JOBS="${JOBS:-$(nproc)}"
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
@@ -28,5 +31,5 @@ case "$MODE" in
 esac
 
 cmake -S "$ROOT" -B "$DIR" "${GEN[@]}" "${ARGS[@]}" "${EXTRA[@]}" >/dev/null
-cmake --build "$DIR" -j "$JOBS"
+cmake --build "$DIR" -j "$JOBS" "${TARGETS[@]}"
 echo "$DIR"
