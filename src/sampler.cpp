@@ -30,55 +30,65 @@ int32_t Sampler::sample(std::span<float> logits) {
     }
   }
   if (opts_.temperature <= 0.0f) return argmax(logits);
+  sampling_candidates(opts_, logits, cand_);
+  std::uniform_real_distribution<double> u(0.0, cand_.total);
+  double r = u(rng_);
+  const size_t keep = cand_.ids.size();
+  for (size_t i = 0; i < keep; ++i) {
+    if (r < cand_.w[i]) return cand_.ids[i];
+    r -= cand_.w[i];
+  }
+  return cand_.ids[keep - 1];
+}
 
+void sampling_candidates(const SamplerOptions& opts, std::span<const float> logits,
+                         SamplingCandidates& out) {
   // Candidates sorted by logit, most likely first; top-k cuts the sort short.
   const size_t n = logits.size();
-  size_t keep = opts_.top_k > 0 ? std::min(n, static_cast<size_t>(opts_.top_k)) : n;
-  cand_.resize(n);
-  for (size_t i = 0; i < n; ++i) cand_[i] = {logits[i], static_cast<int32_t>(i)};
+  size_t keep = opts.top_k > 0 ? std::min(n, static_cast<size_t>(opts.top_k)) : n;
+  auto& cand = out.scratch;
+  cand.resize(n);
+  for (size_t i = 0; i < n; ++i) cand[i] = {logits[i], static_cast<int32_t>(i)};
   auto by_logit = [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
-  std::partial_sort(cand_.begin(), cand_.begin() + static_cast<long>(keep), cand_.end(), by_logit);
-  cand_.resize(keep);
+  std::partial_sort(cand.begin(), cand.begin() + static_cast<long>(keep), cand.end(), by_logit);
+  cand.resize(keep);
 
   // Probabilities at temperature 1 for top-p and min-p.
   std::vector<float> p(keep);
-  const float mx = cand_[0].first;
+  const float mx = cand[0].first;
   double sum = 0.0;
-  for (size_t i = 0; i < keep; ++i) sum += p[i] = std::exp(cand_[i].first - mx);
+  for (size_t i = 0; i < keep; ++i) sum += p[i] = std::exp(cand[i].first - mx);
   for (auto& x : p) x = static_cast<float>(x / sum);
-  if (opts_.top_p < 1.0f) {
+  if (opts.top_p < 1.0f) {
     double cum = 0.0;
     size_t cut = keep;
     for (size_t i = 0; i < keep; ++i) {
       cum += p[i];
-      if (cum >= opts_.top_p) {
+      if (cum >= opts.top_p) {
         cut = i + 1;
         break;
       }
     }
     keep = cut;
   }
-  if (opts_.min_p > 0.0f) {
-    const float floor = opts_.min_p * p[0];
+  if (opts.min_p > 0.0f) {
+    const float floor = opts.min_p * p[0];
     size_t cut = 1;
     while (cut < keep && p[cut] >= floor) ++cut;
     keep = cut;
   }
 
-  // Temperature, then a draw from what is left.
-  std::vector<double> w(keep);
-  double total = 0.0;
-  for (size_t i = 0; i < keep; ++i)
-    total += w[i] = std::exp(static_cast<double>(cand_[i].first - mx) / opts_.temperature);
-  std::uniform_real_distribution<double> u(0.0, total);
-  double r = u(rng_);
+  // Temperature: the weights of what is left.
+  const float t = opts.temperature > 0.0f ? opts.temperature : 1.0f;
+  out.ids.resize(keep);
+  out.w.resize(keep);
+  out.total = 0.0;
   for (size_t i = 0; i < keep; ++i) {
-    if (r < w[i]) return cand_[i].second;
-    r -= w[i];
+    out.ids[i] = cand[i].second;
+    out.total += out.w[i] = std::exp(static_cast<double>(cand[i].first - mx) / t);
   }
-  return cand_[keep - 1].second;
 }
 
 std::vector<std::pair<int32_t, float>> top_probs(std::span<const float> logits, float temperature,

@@ -22,6 +22,19 @@ struct SamplerOptions {
   uint64_t seed = 0xba7a7a;
 };
 
+// What a temperature draw chooses from, after top-k, top-p, min-p and the
+// temperature (no penalty; temperature <= 0 is read as 1): ids, most likely
+// first, their unnormalized weights and the weights' sum. Sampler::sample
+// draws from exactly this; speculative decoding compares two of them.
+struct SamplingCandidates {
+  std::vector<int32_t> ids;
+  std::vector<double> w;
+  double total = 0.0;
+  std::vector<std::pair<float, int32_t>> scratch;  // (logit, id)
+};
+void sampling_candidates(const SamplerOptions& opts, std::span<const float> logits,
+                         SamplingCandidates& out);
+
 class Sampler {
  public:
   explicit Sampler(SamplerOptions opts);
@@ -38,7 +51,7 @@ class Sampler {
   SamplerOptions opts_;
   std::mt19937_64 rng_;
   std::deque<int32_t> recent_;
-  std::vector<std::pair<float, int32_t>> cand_;  // scratch: (logit, id)
+  SamplingCandidates cand_;
 };
 
 // The K most likely tokens under softmax(logits / temperature), most likely

@@ -13,6 +13,7 @@
 #include "barata/tokenizer.h"
 #include "commands.h"
 #include "session.h"
+#include "spec.h"
 
 namespace barata::cli {
 namespace {
@@ -25,6 +26,7 @@ struct RunArgs {
   bool no_cache = false, chat = false, json = false, truncate = false, no_bos = false;
   bool parse_special = false;
   int top_logits = 0, show_probs = 0;
+  SpecArgs spec;
 };
 
 // The prompt as text (wrapped in the chat template with --chat), and whether
@@ -69,7 +71,7 @@ std::vector<int32_t> encode_prompt(const RunArgs& a, const Session& s, const Pro
 
 // The JSON document (--json) or the final newline, then the timing line on stderr.
 void report(const RunArgs& a, const Session& s, const std::vector<int32_t>& prompt,
-            const Generation& g) {
+            const Generation& g, const SpecResult* spec, const std::string& draft_name) {
   const double ms_per_step = g.ms_per_step();
   const size_t n_prompt = prompt.size();
   if (a.json) {
@@ -89,6 +91,7 @@ void report(const RunArgs& a, const Session& s, const std::vector<int32_t>& prom
     nlohmann::json j = {{"model", s.path}, {"prompt_ids", prompt}, {"generated_ids", g.generated},
                         {"text", g.text},  {"stop", g.stop},       {"timings", timings}};
     if (!g.steps.empty()) j["steps"] = g.steps;
+    if (spec) j["speculative"] = spec_json(*spec, a.spec, draft_name);
     fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     fmt::print("\n");
@@ -102,6 +105,7 @@ void report(const RunArgs& a, const Session& s, const std::vector<int32_t>& prom
              g.decode_steps(), ms_per_step, ms_per_step > 0 ? 1e3 / ms_per_step : 0.0,
              s.engine.n_threads(), a.no_cache ? "no KV cache" : "KV cache",
              g.stop == "interrupted" ? " | interrupted" : "");
+  if (spec) fmt::print(stderr, "{}\n", spec_line(*spec, a.spec, draft_name));
 }
 
 int run(const RunArgs& a) {
@@ -121,6 +125,23 @@ int run(const RunArgs& a) {
                            .print_probs = !a.json};
   std::vector<int32_t> all;
   Generation g;
+  if (a.spec.any()) {
+    DraftSetup d = make_drafter(a.spec, s, a.sampling);
+    SpecResult spec;
+    {
+      SigintCatcher catcher;
+      g = generate_speculative(
+          s, d, prompt, a.spec, a.sampling, a.n_predict,
+          [&](std::string_view piece) {
+            if (a.json) return;
+            std::fwrite(piece.data(), 1, piece.size(), stdout);
+            std::fflush(stdout);
+          },
+          &spec);
+    }
+    report(a, s, prompt, g, &spec, d.name);
+    return g.stop == "interrupted" ? 130 : 0;
+  }
   {
     SigintCatcher catcher;
     const int seq = s.engine.new_sequence();
@@ -130,7 +151,7 @@ int run(const RunArgs& a) {
       std::fflush(stdout);
     });
   }
-  report(a, s, prompt, g);
+  report(a, s, prompt, g, nullptr, "");
   return g.stop == "interrupted" ? 130 : 0;
 }
 
@@ -163,8 +184,20 @@ Command add_run(CLI::App& app) {
   sub->add_option("--show-probs", a->show_probs,
                   "The K most likely tokens and probabilities at --temp, each step")
       ->check(CLI::Range(0, 1 << 20));
+  add_spec_options(sub, a->spec);
   sub->callback([a] {
     if (!a->chat_template.empty()) a->chat = true;
+    if (a->spec.any()) {
+      if (a->no_cache) throw CLI::ValidationError("--no-kv-cache", "not with speculative decoding");
+      if (a->top_logits > 0 || a->show_probs > 0)
+        throw CLI::ValidationError("--top-logits/--show-probs", "not with speculative decoding");
+      if (a->sampling.repeat_penalty != 1.0f)
+        throw CLI::ValidationError("--repeat-penalty",
+                                   "speculative decoding takes no repetition penalty");
+    } else if (a->spec.draft_auto || a->spec.p_min > 0) {
+      throw CLI::ValidationError("--draft-auto/--draft-p-min",
+                                 "need a drafter (--draft, --draft-self or --lookup)");
+    }
     if (a->prompt.empty() && a->prompt_file.empty()) throw CLI::RequiredError("-p or -f");
   });
   return {sub, [a] { return run(*a); }};

@@ -1,0 +1,463 @@
+#include "barata/speculative.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include <fmt/core.h>
+
+#include <unistd.h>
+
+#include "barata/convert.h"
+#include "barata/error.h"
+#include "barata/quantize.h"
+
+namespace barata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// The distribution a draw at these settings chooses from, normalized.
+void distribution(const SamplerOptions& s, std::span<const float> logits, SamplingCandidates& c,
+                  Draft::Dist& out) {
+  sampling_candidates(s, logits, c);
+  out.ids = c.ids;
+  out.p.resize(c.w.size());
+  for (size_t i = 0; i < c.w.size(); ++i) out.p[i] = c.w[i] / c.total;
+}
+
+int32_t draw(const Draft::Dist& d, std::mt19937_64& rng) {
+  double r = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  for (size_t i = 0; i < d.ids.size(); ++i) {
+    if (r < d.p[i]) return d.ids[i];
+    r -= d.p[i];
+  }
+  return d.ids.back();
+}
+
+double prob_of(const Draft::Dist& d, int32_t x) {
+  for (size_t i = 0; i < d.ids.size(); ++i)
+    if (d.ids[i] == x) return d.p[i];
+  return 0.0;
+}
+
+// softmax(logits)[x] at temperature 1: the draft's confidence for --draft-p-min.
+double softmax_at(std::span<const float> logits, int32_t x) {
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l - mx));
+  return std::exp(static_cast<double>(logits[static_cast<size_t>(x)] - mx)) / sum;
+}
+
+// Exponentially weighted mean; unset until the first value.
+struct Ema {
+  double v = 0;
+  bool set = false;
+  void add(double x, double w = 0.25) {
+    v = set ? (1 - w) * v + w * x : x;
+    set = true;
+  }
+};
+
+// What --draft-auto knows: the acceptance rate, the draft's cost per token,
+// the one-position step and each k-position verify pass, all measured.
+class AutoGamma {
+ public:
+  explicit AutoGamma(int gmax) : gmax_(gmax), verify_(static_cast<size_t>(gmax) + 2) {}
+
+  void plain(double ms) { step_.add(ms); }
+  void draft(int n, double ms) {
+    if (n > 0) draft_.add(ms / n);
+  }
+  void verify(int k, double ms) { verify_[static_cast<size_t>(k)].add(ms); }
+  void outcome(int gamma, int accepted) {
+    // Decayed counts: recent verifies weigh more.
+    succ_ = succ_ * 0.9 + accepted;
+    trials_ = trials_ * 0.9 + accepted + (accepted < gamma ? 1 : 0);
+  }
+
+  double alpha() const { return (succ_ + 1.0) / (trials_ + 2.0); }  // Laplace's rule
+  double c() const { return step_.set && draft_.set ? draft_.v / step_.v : 0.0; }
+  // The cost of a k-position pass against a one-position pass: measured, or
+  // the line through (1, 1) and the nearest measured pass (1 + 0.1 (k-1)
+  // before any is).
+  double v(int k) const {
+    if (!step_.set) return 1.0 + 0.1 * (k - 1);
+    if (verify_[static_cast<size_t>(k)].set) return verify_[static_cast<size_t>(k)].v / step_.v;
+    int best = -1;
+    for (int j = 2; j <= gmax_ + 1; ++j)
+      if (verify_[static_cast<size_t>(j)].set && (best < 0 || std::abs(j - k) < std::abs(best - k)))
+        best = j;
+    if (best < 0) return 1.0 + 0.1 * (k - 1);
+    const double slope = (verify_[static_cast<size_t>(best)].v / step_.v - 1.0) / (best - 1);
+    return 1.0 + std::max(slope, 0.0) * (k - 1);
+  }
+
+  // 0: plain decoding. Before the one-position step is measured: plain. A
+  // probe (gamma 1, or the largest when nothing was drafted yet) every 32
+  // plain steps keeps alpha, c and v current.
+  int choose() {
+    if (!step_.set) return 0;
+    if (!draft_.set) return std::min(gmax_, 4);
+    const double a = alpha(), cc = c();
+    int best = 0;
+    double best_rate = 1.0;
+    for (int g = 1; g <= gmax_; ++g) {
+      const double r = predicted_speedup(a, g, cc, v(g + 1));
+      if (r > best_rate * 1.02) {  // a 2% margin against noise
+        best = g;
+        best_rate = r;
+      }
+    }
+    if (best == 0 && ++since_probe_ >= 32) {
+      since_probe_ = 0;
+      return 1;
+    }
+    if (best > 0) since_probe_ = 0;
+    return best;
+  }
+
+  double step_ms() const { return step_.set ? step_.v : 0.0; }
+
+ private:
+  int gmax_;
+  Ema step_, draft_;
+  std::vector<Ema> verify_;
+  double succ_ = 0, trials_ = 0;
+  int since_probe_ = 0;
+};
+
+}  // namespace
+
+int32_t speculative_accept(const Draft::Dist& p, const Draft::Dist* q, int32_t x,
+                           std::mt19937_64& rng, bool* accepted) {
+  const double px = prob_of(p, x);
+  const double qx = q ? prob_of(*q, x) : 1.0;
+  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  if (qx > 0 && u < std::min(1.0, px / qx)) {
+    *accepted = true;
+    return x;
+  }
+  *accepted = false;
+  // norm(max(0, p - q)) over p's support (where p is 0 the difference is not positive).
+  Draft::Dist r;
+  double total = 0;
+  for (size_t i = 0; i < p.ids.size(); ++i) {
+    const double qi = q ? prob_of(*q, p.ids[i]) : (p.ids[i] == x ? 1.0 : 0.0);
+    const double d = p.p[i] - qi;
+    if (d > 0) {
+      r.ids.push_back(p.ids[i]);
+      r.p.push_back(d);
+      total += d;
+    }
+  }
+  if (r.ids.empty() || !(total > 0)) return draw(p, rng);  // p == q: any draw from p is exact
+  for (double& v : r.p) v /= total;
+  return draw(r, rng);
+}
+
+double expected_tokens_per_verify(double alpha, int gamma) {
+  if (alpha >= 1.0) return gamma + 1.0;
+  return (1.0 - std::pow(alpha, gamma + 1)) / (1.0 - alpha);
+}
+
+double predicted_speedup(double alpha, int gamma, double c) {
+  return predicted_speedup(alpha, gamma, c, 1.0);
+}
+
+double predicted_speedup(double alpha, int gamma, double c, double v) {
+  return expected_tokens_per_verify(alpha, gamma) / (gamma * c + v);
+}
+
+// ---- drafters ---------------------------------------------------------------
+
+ModelDrafter::ModelDrafter(Engine& engine, ModelDrafterOptions opts, std::string name)
+    : engine_(engine),
+      opts_(opts),
+      name_(std::move(name)),
+      seq_(engine.new_sequence()),
+      logits_(static_cast<size_t>(engine.model().config().n_vocab)),
+      rng_(opts.sampling.seed ^ 0x5bd1e995u) {}
+
+ModelDrafter::~ModelDrafter() {
+  engine_.free_sequence(seq_);
+}
+
+void ModelDrafter::propose(std::span<const int32_t> ctx, int n, Draft& out) {
+  out.tokens.clear();
+  out.q.clear();
+  if (ctx.empty() || n <= 0) return;
+  const int64_t n_ctx = engine_.n_ctx();
+  if (static_cast<int64_t>(ctx.size()) >= n_ctx) return;  // no room for the draft's context
+  // Keep the common prefix, but always run the last token for its logits.
+  size_t keep = 0;
+  while (keep < cached_.size() && keep + 1 < ctx.size() && cached_[keep] == ctx[keep]) ++keep;
+  engine_.truncate(seq_, static_cast<int64_t>(keep));
+  cached_.resize(keep);
+  engine_.prefill(seq_, ctx.subspan(keep), logits_.data());
+  cached_.assign(ctx.begin(), ctx.end());
+  const bool greedy = opts_.sampling.temperature <= 0.0f;
+  for (int i = 0; i < n; ++i) {
+    int32_t x;
+    double px;
+    if (greedy) {
+      x = argmax(logits_);
+      px = opts_.p_min > 0 ? softmax_at(logits_, x) : 1.0;
+    } else {
+      Draft::Dist q;
+      distribution(opts_.sampling, logits_, cand_, q);
+      x = draw(q, rng_);
+      px = prob_of(q, x);
+      out.q.push_back(std::move(q));
+    }
+    if (px < opts_.p_min) {  // not confident enough: stop drafting (llama.cpp's --draft-p-min)
+      if (!greedy) out.q.pop_back();
+      break;
+    }
+    out.tokens.push_back(x);
+    if (i + 1 == n || static_cast<int64_t>(cached_.size()) + 1 >= n_ctx) break;
+    const int32_t t = x;
+    engine_.decode(std::span<const int>(&seq_, 1), std::span<const int32_t>(&t, 1), logits_.data());
+    cached_.push_back(x);
+  }
+}
+
+LookupDrafter::LookupDrafter(int max_ngram, int min_ngram)
+    : max_ngram_(max_ngram), min_ngram_(std::max(1, min_ngram)) {
+  if (max_ngram_ < min_ngram_) fail("--lookup {}: the n-gram size must be at least 1", max_ngram);
+}
+
+std::string LookupDrafter::describe() const {
+  return fmt::format("lookup (n-grams {}..{})", max_ngram_, min_ngram_);
+}
+
+void LookupDrafter::propose(std::span<const int32_t> ctx, int n, Draft& out) {
+  out.tokens.clear();
+  out.q.clear();
+  const int64_t len = static_cast<int64_t>(ctx.size());
+  for (int ng = max_ngram_; ng >= min_ngram_; --ng) {
+    if (len <= ng) continue;
+    const auto tail = ctx.subspan(static_cast<size_t>(len - ng));
+    // The most recent earlier occurrence with at least one token after it.
+    for (int64_t j = len - ng - 1; j >= 0; --j) {
+      if (!std::equal(tail.begin(), tail.end(), ctx.begin() + j)) continue;
+      const int64_t from = j + ng;
+      const int64_t to = std::min(len, from + n);
+      out.tokens.assign(ctx.begin() + from, ctx.begin() + to);
+      return;
+    }
+  }
+}
+
+void check_same_tokens(const Tokenizer& target, const Model& target_model, const Tokenizer& draft,
+                       const Model& draft_model) {
+  const int64_t tv = target_model.config().n_vocab, dv = draft_model.config().n_vocab;
+  if (tv != dv)
+    fail("the draft's vocabulary has {} entries but the target's {}: they must be the same", dv,
+         tv);
+  const int32_t n = std::min(target.n_vocab(), draft.n_vocab());
+  for (int32_t id = 0; id < n; ++id)
+    if (target.token_text(id) != draft.token_text(id))
+      fail("the draft's token {} is {:?} but the target's is {:?}: not the same vocabulary", id,
+           draft.token_text(id), target.token_text(id));
+  if (target.n_vocab() != draft.n_vocab())
+    fail("the draft's tokenizer has {} tokens but the target's {}: not the same vocabulary",
+         draft.n_vocab(), target.n_vocab());
+}
+
+Model quantized_copy(const std::filesystem::path& path, const std::string& scheme, int threads) {
+  QuantOptions qo;
+  qo.type = parse_quant_type(scheme);
+  qo.threads = std::max(threads, 1);
+  const SourceModel src = load_source(path);
+  static int counter = 0;
+  const std::filesystem::path tmp =
+      std::filesystem::temp_directory_path() /
+      fmt::format("barata-self-draft-{}-{}.gguf", ::getpid(), counter++);
+  quantize_model(src, qo, tmp);
+  struct Remove {
+    std::filesystem::path p;
+    ~Remove() {
+      std::error_code ec;
+      std::filesystem::remove(p, ec);
+    }
+  } remove{tmp};
+  return Model::load(tmp);
+}
+
+// ---- the loop ---------------------------------------------------------------
+
+SpecResult speculative_generate(Engine& target, Drafter& drafter, std::span<const int32_t> prompt,
+                                const SpeculativeOptions& o,
+                                const std::function<bool(int32_t)>& on_token) {
+  if (o.sampling.repeat_penalty != 1.0f)
+    fail("speculative decoding does not take a repetition penalty (--repeat-penalty {})",
+         o.sampling.repeat_penalty);
+  if (o.draft_max < 1 || o.draft_max > 64) fail("--draft-max {} is outside [1, 64]", o.draft_max);
+  if (prompt.empty()) fail("the prompt is empty");
+  const int64_t n_ctx = target.n_ctx();
+  if (static_cast<int64_t>(prompt.size()) >= n_ctx)
+    fail("the prompt has {} tokens but the context holds {}", prompt.size(), n_ctx);
+
+  SpecResult res;
+  SpecStats& st = res.stats;
+  const size_t nv = static_cast<size_t>(target.model().config().n_vocab);
+  std::vector<float> logits(nv * static_cast<size_t>(o.draft_max + 1));
+  const bool greedy = o.sampling.temperature <= 0.0f;
+  std::mt19937_64 rng(o.sampling.seed);
+  SamplingCandidates cand;
+  Draft::Dist p;
+  auto choose = [&](const float* row) {
+    const std::span<const float> l(row, nv);
+    if (greedy) return argmax(l);
+    distribution(o.sampling, l, cand, p);
+    return draw(p, rng);
+  };
+
+  const int seq = target.new_sequence();
+  struct Free {
+    Engine& e;
+    int s;
+    bool keep;
+    ~Free() {
+      if (!keep) e.free_sequence(s);
+    }
+  } free_seq{target, seq, o.keep_sequence};
+  if (o.keep_sequence) res.seq = seq;
+
+  std::vector<int32_t> ctx(prompt.begin(), prompt.end());
+  const auto t0 = Clock::now();
+  target.prefill(seq, prompt, logits.data());
+  res.prefill_ms = ms_since(t0);
+  const auto t_decode = Clock::now();
+
+  // Keeps a token; false when generation ends with it.
+  auto keep = [&](int32_t t) {
+    ctx.push_back(t);
+    res.generated.push_back(t);
+    if (on_token && !on_token(t)) {
+      res.stop = "interrupted";
+      return false;
+    }
+    if (o.is_eog && o.is_eog(t)) {
+      res.stop = "eog";
+      return false;
+    }
+    if (static_cast<int64_t>(res.generated.size()) >= o.n_predict) {
+      res.stop = "n_predict";
+      return false;
+    }
+    if (static_cast<int64_t>(ctx.size()) >= n_ctx) {
+      res.stop = "context_full";
+      return false;
+    }
+    return true;
+  };
+
+  if (o.n_predict <= 0) return res;
+  bool going = keep(choose(logits.data()));
+  AutoGamma autog(o.draft_max);
+  Draft draft;
+  std::vector<int32_t> rows;
+  while (going) {
+    // The target's cache holds ctx[0 .. L-1); ctx.back() is the next input.
+    const int64_t L = static_cast<int64_t>(ctx.size());
+    const int64_t left = o.n_predict - static_cast<int64_t>(res.generated.size());
+    int gamma = o.auto_gamma ? autog.choose() : o.draft_max;
+    gamma = static_cast<int>(std::min<int64_t>({gamma, left - 1, n_ctx - L}));
+    SpecStep step;
+    draft.tokens.clear();
+    if (gamma > 0) {
+      const auto td = Clock::now();
+      drafter.propose(ctx, gamma, draft);
+      step.draft_ms = ms_since(td);
+      if (draft.tokens.size() > static_cast<size_t>(gamma)) draft.tokens.resize(gamma);
+      if (static_cast<int>(draft.tokens.size()) < std::max(o.draft_min, 1)) draft.tokens.clear();
+      if (drafter.uses_model() && !draft.tokens.empty())
+        autog.draft(static_cast<int>(draft.tokens.size()), step.draft_ms);
+    }
+    const int g = static_cast<int>(draft.tokens.size());
+    step.gamma = g;
+    st.draft_ms += step.draft_ms;
+    if (g == 0) {  // a plain decode step
+      const auto tv = Clock::now();
+      const int32_t last = ctx.back();
+      target.decode(std::span<const int>(&seq, 1), std::span<const int32_t>(&last, 1),
+                    logits.data());
+      step.verify_ms = ms_since(tv);
+      autog.plain(step.verify_ms);
+      st.plain_ms += step.verify_ms;
+      ++st.plain_steps;
+      st.steps.push_back(step);
+      going = keep(choose(logits.data()));
+      continue;
+    }
+    rows.assign(1, ctx.back());
+    rows.insert(rows.end(), draft.tokens.begin(), draft.tokens.end());
+    const auto tv = Clock::now();
+    target.prefill(seq, rows, logits.data(), true);
+    step.verify_ms = ms_since(tv);
+    autog.verify(g + 1, step.verify_ms);
+    // Keep the longest agreeing prefix, then the target's own token.
+    int k = 0;
+    int32_t next = -1;
+    for (; k < g; ++k) {
+      const float* row = logits.data() + static_cast<size_t>(k) * nv;
+      const int32_t x = draft.tokens[static_cast<size_t>(k)];
+      if (greedy) {
+        const int32_t t = argmax(std::span<const float>(row, nv));
+        if (t != x) {
+          next = t;
+          break;
+        }
+      } else {
+        distribution(o.sampling, std::span<const float>(row, nv), cand, p);
+        bool ok = false;
+        const int32_t t = speculative_accept(
+            p, draft.q.empty() ? nullptr : &draft.q[static_cast<size_t>(k)], x, rng, &ok);
+        if (!ok) {
+          next = t;
+          break;
+        }
+      }
+    }
+    if (k == g) next = choose(logits.data() + static_cast<size_t>(g) * nv);  // the bonus token
+    target.truncate(seq, L + k);  // ctx and the kept drafted tokens
+    step.accepted = k;
+    autog.outcome(g, k);
+    st.drafted += g;
+    st.accepted += k;
+    st.verify_ms += step.verify_ms;
+    ++st.verify_passes;
+    st.steps.push_back(step);
+    for (int i = 0; i < k && going; ++i) going = keep(draft.tokens[static_cast<size_t>(i)]);
+    if (going) going = keep(next);
+  }
+  res.decode_ms = ms_since(t_decode);
+
+  // The run's own measurements.
+  int64_t trials = 0;
+  std::vector<double> vsum(static_cast<size_t>(o.draft_max) + 2, 0.0);
+  std::vector<int> vn(vsum.size(), 0);
+  for (const SpecStep& s : st.steps) {
+    if (s.gamma == 0) continue;
+    trials += s.accepted + (s.accepted < s.gamma ? 1 : 0);
+    vsum[static_cast<size_t>(s.gamma) + 1] += s.verify_ms;
+    ++vn[static_cast<size_t>(s.gamma) + 1];
+  }
+  st.alpha = trials ? static_cast<double>(st.accepted) / static_cast<double>(trials) : 0.0;
+  st.target_step_ms = st.plain_steps ? st.plain_ms / static_cast<double>(st.plain_steps) : 0.0;
+  st.verify_cost.assign(vsum.size(), 0.0);
+  if (st.target_step_ms > 0) {
+    for (size_t k = 2; k < vsum.size(); ++k)
+      if (vn[k]) st.verify_cost[k] = vsum[k] / vn[k] / st.target_step_ms;
+    if (st.drafted && drafter.uses_model())
+      st.c = st.draft_ms / static_cast<double>(st.drafted) / st.target_step_ms;
+  }
+  return res;
+}
+
+}  // namespace barata

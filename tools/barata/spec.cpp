@@ -1,0 +1,142 @@
+// The draft flags, the drafter they name and run's speculative loop.
+#include "spec.h"
+
+#include <fmt/core.h>
+
+#include "barata/error.h"
+#include "barata/plan.h"
+
+namespace barata::cli {
+
+void add_spec_options(CLI::App* sub, SpecArgs& a, bool with_tuning) {
+  auto* d = sub->add_option("--draft", a.draft,
+                            "Draft model (GGUF) for speculative decoding; same vocabulary")
+                ->check(CLI::ExistingFile);
+  auto* s = sub->add_option("--draft-self", a.draft_self,
+                            "Draft with the target itself quantized in memory to this scheme "
+                            "(int4-g128, nf4, q4_0, ... as barata quantize --type)");
+  auto* l = sub->add_option("--lookup", a.lookup,
+                            "Draft by n-gram lookup in the context: the longest n-gram, at most "
+                            "N tokens, whose earlier occurrence is continued")
+                ->check(CLI::Range(1, 64));
+  d->excludes(s)->excludes(l);
+  s->excludes(l);
+  if (with_tuning) {
+    sub->add_option("--draft-max", a.draft_max,
+                    "Tokens drafted per verify pass (gamma; with --draft-auto the largest tried)")
+        ->check(CLI::Range(1, 64));
+    sub->add_option("--draft-min", a.draft_min,
+                    "A draft shorter than this is not verified (a plain step instead)")
+        ->check(CLI::Range(0, 64));
+    sub->add_flag("--draft-auto", a.draft_auto,
+                  "Choose gamma (0: plain decoding) from the measured acceptance, draft cost and "
+                  "verify cost as it runs");
+  }
+  sub->add_option("--draft-p-min", a.p_min,
+                  "Stop drafting when the draft's probability of its token is below P")
+      ->check(CLI::Range(0.0f, 1.0f));
+}
+
+DraftSetup make_drafter(const SpecArgs& a, Session& s, const SamplerOptions& sampling) {
+  DraftSetup d;
+  const ModelDrafterOptions mo{.sampling = sampling, .p_min = a.p_min};
+  if (a.lookup > 0) {
+    d.drafter = std::make_unique<LookupDrafter>(a.lookup);
+    d.name = fmt::format("lookup {}", a.lookup);
+    return d;
+  }
+  if (!a.draft_self.empty()) {
+    d.model = std::make_unique<Model>(quantized_copy(s.path, a.draft_self, s.engine.n_threads()));
+    d.name = fmt::format("self {}", a.draft_self);
+  } else {
+    d.model = std::make_unique<Model>(Model::load(a.draft));
+    d.name = a.draft;
+  }
+  d.tok = std::make_unique<Tokenizer>(Tokenizer::from_gguf(d.model->file()));
+  check_same_tokens(s.tok, s.model, *d.tok, *d.model);
+  d.engine = std::make_unique<Engine>(*d.model, EngineOptions{.n_threads = s.engine.n_threads(),
+                                                              .n_ctx = s.n_ctx,
+                                                              .device = s.engine.backend().kind()});
+  d.drafter = std::make_unique<ModelDrafter>(*d.engine, mo, d.name);
+  return d;
+}
+
+Generation generate_speculative(Session& s, DraftSetup& d, std::span<const int32_t> prompt,
+                                const SpecArgs& a, const SamplerOptions& sampling, int n_predict,
+                                const std::function<void(std::string_view)>& on_text,
+                                SpecResult* spec) {
+  SpeculativeOptions o;
+  o.sampling = sampling;
+  o.draft_max = a.draft_max;
+  o.draft_min = a.draft_min;
+  o.auto_gamma = a.draft_auto;
+  o.n_predict = n_predict;
+  const Tokenizer& tok = s.tok;
+  o.is_eog = [&tok](int32_t t) { return tok.is_eog(t); };
+  Generation g;
+  g.prefill_tokens = static_cast<int64_t>(prompt.size());
+  StreamDecoder stream(tok);
+  const auto t0 = Clock::now();
+  *spec = speculative_generate(s.engine, *d.drafter, prompt, o, [&](int32_t id) {
+    if (g.generated.empty()) g.ttft_ms = ms_since(t0);
+    g.generated.push_back(id);
+    if (!tok.is_eog(id)) {
+      const std::string piece = stream.push(id);
+      g.text += piece;
+      on_text(piece);
+    }
+    return !SigintCatcher::interrupted();
+  });
+  const std::string tail = stream.flush();
+  g.text += tail;
+  on_text(tail);
+  g.prefill_ms = spec->prefill_ms;
+  g.decode_ms = spec->decode_ms;
+  g.stop = spec->stop;
+  if (g.stop == "context_full")
+    fmt::print(stderr, "\nnote: stopped at the context limit of {} tokens\n", s.n_ctx);
+  return g;
+}
+
+nlohmann::json spec_json(const SpecResult& r, const SpecArgs& a, const std::string& name) {
+  const SpecStats& st = r.stats;
+  nlohmann::json vc = nlohmann::json::object();
+  for (size_t k = 2; k < st.verify_cost.size(); ++k)
+    if (st.verify_cost[k] > 0) vc[std::to_string(k)] = st.verify_cost[k];
+  return {
+      {"drafter", name},
+      {"draft_max", a.draft_max},
+      {"draft_auto", a.draft_auto},
+      {"drafted", st.drafted},
+      {"accepted", st.accepted},
+      {"acceptance", st.acceptance()},
+      {"alpha", st.alpha},
+      {"verify_passes", st.verify_passes},
+      {"plain_steps", st.plain_steps},
+      {"tokens_per_verify", st.verify_passes ? static_cast<double>(st.accepted + st.verify_passes) /
+                                                   static_cast<double>(st.verify_passes)
+                                             : 0.0},
+      {"draft_ms", st.draft_ms},
+      {"verify_ms", st.verify_ms},
+      {"plain_ms", st.plain_ms},
+      {"c", st.c},
+      {"target_step_ms", st.target_step_ms},
+      {"verify_cost", vc}};
+}
+
+std::string spec_line(const SpecResult& r, const SpecArgs& a, const std::string& name) {
+  const SpecStats& st = r.stats;
+  std::string line = fmt::format(
+      "speculative ({}, {}gamma {}): {} verify passes + {} plain steps | drafted {}, accepted {} "
+      "({:.1f}%, alpha {:.3f}) | {:.2f} tokens per verify",
+      name, a.draft_auto ? "auto, " : "", a.draft_max, st.verify_passes, st.plain_steps, st.drafted,
+      st.accepted, 100.0 * st.acceptance(), st.alpha,
+      st.verify_passes ? static_cast<double>(st.accepted + st.verify_passes) /
+                             static_cast<double>(st.verify_passes)
+                       : 0.0);
+  if (st.drafted) line += fmt::format(" | draft {:.2f} ms/token", st.draft_ms / st.drafted);
+  if (st.c > 0) line += fmt::format(" (c = {:.3f})", st.c);
+  return line;
+}
+
+}  // namespace barata::cli

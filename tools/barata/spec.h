@@ -1,0 +1,55 @@
+// Speculative decoding on the command line: the draft flags `run` and
+// `spec-bench` share, the drafter they describe, and `run`'s generation loop
+// through it (include/barata/speculative.h).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "barata/speculative.h"
+#include "session.h"
+
+namespace barata::cli {
+
+// --draft FILE | --draft-self SCHEME | --lookup N, --draft-max, --draft-min,
+// --draft-p-min, --draft-auto.
+struct SpecArgs {
+  std::string draft, draft_self;
+  int lookup = 0;
+  int draft_max = 8, draft_min = 0;
+  float p_min = 0.0f;
+  bool draft_auto = false;
+  bool any() const { return !draft.empty() || !draft_self.empty() || lookup > 0; }
+};
+// with_tuning: also --draft-max/--draft-min/--draft-auto (spec-bench sweeps them).
+void add_spec_options(CLI::App* sub, SpecArgs& a, bool with_tuning = true);
+
+// The drafter the flags name, with the draft model and its engine when it
+// has one. The draft model's vocabulary is checked against the target's.
+struct DraftSetup {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tok;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Drafter> drafter;
+  std::string name;  // for reports: the file, "self q4_0", "lookup 3"
+};
+DraftSetup make_drafter(const SpecArgs& a, Session& s, const SamplerOptions& sampling);
+
+// `run`'s generation through the drafter: ids, streamed text, timings as
+// generate() gives them; the speculative statistics in *spec.
+Generation generate_speculative(Session& s, DraftSetup& d, std::span<const int32_t> prompt,
+                                const SpecArgs& a, const SamplerOptions& sampling, int n_predict,
+                                const std::function<void(std::string_view)>& on_text,
+                                SpecResult* spec);
+
+// The statistics as JSON and as one stderr line.
+nlohmann::json spec_json(const SpecResult& r, const SpecArgs& a, const std::string& name);
+std::string spec_line(const SpecResult& r, const SpecArgs& a, const std::string& name);
+
+}  // namespace barata::cli
