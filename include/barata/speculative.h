@@ -59,6 +59,8 @@ class Drafter {
   virtual std::string describe() const = 0;
   // Whether proposing costs model forward passes (then c is measured).
   virtual bool uses_model() const = 0;
+  // Tokens of ctx it must read before it can draft (its cache's lag).
+  virtual int64_t pending(std::span<const int32_t> ctx) const { return 0; }
 };
 
 struct ModelDrafterOptions {
@@ -75,6 +77,7 @@ class ModelDrafter : public Drafter {
   void propose(std::span<const int32_t> ctx, int n, Draft& out) override;
   std::string describe() const override { return name_; }
   bool uses_model() const override { return true; }
+  int64_t pending(std::span<const int32_t> ctx) const override;
 
  private:
   Engine& engine_;
@@ -116,6 +119,9 @@ struct SpeculativeOptions {
   int draft_max = 8;        // gamma, or the largest gamma --draft-auto tries
   int draft_min = 0;        // fewer drafted tokens than this: a plain step instead
   bool auto_gamma = false;  // choose gamma (0 included) from measured alpha, c, v
+  // --draft-auto's estimate of c before it is measured (e.g. the draft's
+  // weight bytes over the target's); < 0: 0.5 for a model drafter, else 0.
+  double c_prior = -1;
   int n_predict = 256;
   std::function<bool(int32_t)> is_eog;  // stops generation after such a token
   bool keep_sequence = false;           // leave the target's sequence allocated (SpecResult::seq)

@@ -192,12 +192,59 @@ void rows_dot_wide(const Chunk* const* rows, const BlockQ8Act* x, int64_t nb, fl
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + off[r];
 }
 
+// A few tokens (a speculative verify pass, a small batch): each chunk is
+// decoded once in registers and applied to every token, so the decoding is
+// shared; each output gets the same apply() sequence as in rows_dot. Up to 8
+// (at 9 the accumulators spill: slower than the decoded-tile path below).
+template <typename Dec, int T>
+void row_dot_tokens(const uint8_t* w, const BlockQ8Act* const* x, int64_t nb, float* out,
+                    size_t ldy) {
+  __m256 acc[T];
+  float off[T];
+  for (int t = 0; t < T; ++t) {
+    acc[t] = _mm256_setzero_ps();
+    off[t] = 0.0f;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const Chunk c = Dec::decode(w, b);
+    for (int t = 0; t < T; ++t) acc[t] = apply<Dec>(c, x[t][b], acc[t], off[t]);
+  }
+  for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * ldy] = hsum(acc[t]) + off[t];
+}
+
+template <typename Dec, int T>
+void tile_tokens(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t nb,
+                 const BlockQ8Act* const* x, float* out, size_t ldy) {
+  for (int64_t r = 0; r < n_rows; ++r)
+    row_dot_tokens<Dec, T>(w + r * row_bytes, x, nb, out + r, ldy);
+}
+
 template <typename Dec>
 void tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const uint8_t* acts,
           size_t act_stride, int64_t n_tokens, float* out, size_t ldy) {
   const int64_t nb = k / 32;
   float res[4];
   auto x_of = [&](int64_t t) { return reinterpret_cast<const BlockQ8Act*>(acts + t * act_stride); };
+  if (n_tokens >= 2 && n_tokens <= 8) {
+    const BlockQ8Act* x[8];
+    for (int64_t t = 0; t < n_tokens; ++t) x[t] = x_of(t);
+    switch (n_tokens) {
+      case 2:
+        return tile_tokens<Dec, 2>(w, row_bytes, n_rows, nb, x, out, ldy);
+      case 3:
+        return tile_tokens<Dec, 3>(w, row_bytes, n_rows, nb, x, out, ldy);
+      case 4:
+        return tile_tokens<Dec, 4>(w, row_bytes, n_rows, nb, x, out, ldy);
+      case 5:
+        return tile_tokens<Dec, 5>(w, row_bytes, n_rows, nb, x, out, ldy);
+      case 6:
+        return tile_tokens<Dec, 6>(w, row_bytes, n_rows, nb, x, out, ldy);
+      case 7:
+        return tile_tokens<Dec, 7>(w, row_bytes, n_rows, nb, x, out, ldy);
+      default:
+        return tile_tokens<Dec, 8>(w, row_bytes, n_rows, nb, x, out, ldy);
+    }
+  }
   if (n_tokens < 4) {
     for (int64_t t = 0; t < n_tokens; ++t) {
       int64_t r = 0;

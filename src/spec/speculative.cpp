@@ -63,10 +63,17 @@ struct Ema {
 };
 
 // What --draft-auto knows: the acceptance rate, the draft's cost per token,
-// the one-position step and each k-position verify pass, all measured.
+// the one-position step and each k-position verify pass, all measured as the
+// run goes, with priors until they are: alpha 0.7 (worth four tokens), c the
+// caller's estimate (the weights' bytes), v from the prompt's prefill (its
+// cost per row against one step).
 class AutoGamma {
  public:
-  explicit AutoGamma(int gmax) : gmax_(gmax), verify_(static_cast<size_t>(gmax) + 2) {}
+  AutoGamma(int gmax, double c_prior, double prefill_row_ms)
+      : gmax_(gmax),
+        c_prior_(c_prior),
+        row_ms_(prefill_row_ms),
+        verify_(static_cast<size_t>(gmax) + 2) {}
 
   void plain(double ms) { step_.add(ms); }
   void draft(int n, double ms) {
@@ -79,51 +86,66 @@ class AutoGamma {
     trials_ = trials_ * 0.9 + accepted + (accepted < gamma ? 1 : 0);
   }
 
-  double alpha() const { return (succ_ + 1.0) / (trials_ + 2.0); }  // Laplace's rule
-  double c() const { return step_.set && draft_.set ? draft_.v / step_.v : 0.0; }
-  // The cost of a k-position pass against a one-position pass: measured, or
-  // the line through (1, 1) and the nearest measured pass (1 + 0.1 (k-1)
-  // before any is).
+  double alpha() const { return (succ_ + 4 * 0.7) / (trials_ + 4); }
+  double c() const {
+    if (step_.set && draft_.set) return draft_.v / step_.v;
+    return c_prior_;
+  }
+  // A k-position pass against a one-position pass: measured; else the line
+  // through (1, 1) and the nearest measured pass; else the prefill's cost
+  // per row against the step.
   double v(int k) const {
-    if (!step_.set) return 1.0 + 0.1 * (k - 1);
+    if (k <= 1) return 1.0;
     if (verify_[static_cast<size_t>(k)].set) return verify_[static_cast<size_t>(k)].v / step_.v;
     int best = -1;
     for (int j = 2; j <= gmax_ + 1; ++j)
       if (verify_[static_cast<size_t>(j)].set && (best < 0 || std::abs(j - k) < std::abs(best - k)))
         best = j;
-    if (best < 0) return 1.0 + 0.1 * (k - 1);
-    const double slope = (verify_[static_cast<size_t>(best)].v / step_.v - 1.0) / (best - 1);
+    double slope = row_ms_ > 0 ? std::min(1.0, row_ms_ / step_.v) : 0.5;
+    if (best >= 0) slope = (verify_[static_cast<size_t>(best)].v / step_.v - 1.0) / (best - 1);
     return 1.0 + std::max(slope, 0.0) * (k - 1);
   }
+  // The drafter's pending context (tokens it must read before drafting) in
+  // target steps: a prefill of that many rows on the draft.
+  double catch_up(int64_t pending) const {
+    const double per_row = row_ms_ > 0 ? std::min(1.0, row_ms_ / step_.v) : 1.0;
+    return static_cast<double>(pending) * c() * per_row;
+  }
 
-  // 0: plain decoding. Before the one-position step is measured: plain. A
-  // probe (gamma 1, or the largest when nothing was drafted yet) every 32
-  // plain steps keeps alpha, c and v current.
-  int choose() {
+  // 0: plain decoding. The first step is plain (it measures the step). Then
+  // the gamma with the best predicted rate, when it beats plain by 2% and
+  // what it saves over the tokens left pays for the drafter's catch-up.
+  // While plain wins, a probe (gamma 2) every 32 steps keeps alpha current,
+  // but only where even alpha = 1 would pay.
+  int choose(int64_t left, int64_t pending) {
     if (!step_.set) return 0;
-    if (!draft_.set) return std::min(gmax_, 4);
     const double a = alpha(), cc = c();
     int best = 0;
-    double best_rate = 1.0;
+    double best_rate = 1.02;
     for (int g = 1; g <= gmax_; ++g) {
       const double r = predicted_speedup(a, g, cc, v(g + 1));
-      if (r > best_rate * 1.02) {  // a 2% margin against noise
+      if (r > best_rate) {
         best = g;
         best_rate = r;
       }
     }
-    if (best == 0 && ++since_probe_ >= 32) {
+    const auto pays = [&](double rate) {
+      return static_cast<double>(left) * (1.0 - 1.0 / rate) > catch_up(pending);
+    };
+    if (best > 0 && pays(best_rate)) {
       since_probe_ = 0;
-      return 1;
+      return best;
     }
-    if (best > 0) since_probe_ = 0;
-    return best;
+    if (++since_probe_ < 32) return 0;
+    since_probe_ = 0;
+    const int g = std::min(gmax_, 2);
+    const double bound = predicted_speedup(1.0, g, cc, v(g + 1));
+    return bound > 1.1 && pays(bound) ? g : 0;
   }
-
-  double step_ms() const { return step_.set ? step_.v : 0.0; }
 
  private:
   int gmax_;
+  double c_prior_, row_ms_;
   Ema step_, draft_;
   std::vector<Ema> verify_;
   double succ_ = 0, trials_ = 0;
@@ -232,6 +254,12 @@ LookupDrafter::LookupDrafter(int max_ngram, int min_ngram)
 
 std::string LookupDrafter::describe() const {
   return fmt::format("lookup (n-grams {}..{})", max_ngram_, min_ngram_);
+}
+
+int64_t ModelDrafter::pending(std::span<const int32_t> ctx) const {
+  size_t keep = 0;
+  while (keep < cached_.size() && keep < ctx.size() && cached_[keep] == ctx[keep]) ++keep;
+  return static_cast<int64_t>(ctx.size() - keep);
 }
 
 void LookupDrafter::propose(std::span<const int32_t> ctx, int n, Draft& out) {
@@ -359,25 +387,30 @@ SpecResult speculative_generate(Engine& target, Drafter& drafter, std::span<cons
 
   if (o.n_predict <= 0) return res;
   bool going = keep(choose(logits.data()));
-  AutoGamma autog(o.draft_max);
+  const double c_prior = o.c_prior >= 0 ? o.c_prior : (drafter.uses_model() ? 0.5 : 0.0);
+  AutoGamma autog(o.draft_max, c_prior,
+                  prompt.size() >= 8 ? res.prefill_ms / static_cast<double>(prompt.size()) : 0.0);
   Draft draft;
   std::vector<int32_t> rows;
   while (going) {
     // The target's cache holds ctx[0 .. L-1); ctx.back() is the next input.
     const int64_t L = static_cast<int64_t>(ctx.size());
     const int64_t left = o.n_predict - static_cast<int64_t>(res.generated.size());
-    int gamma = o.auto_gamma ? autog.choose() : o.draft_max;
+    int gamma = o.auto_gamma ? autog.choose(left, drafter.pending(ctx)) : o.draft_max;
     gamma = static_cast<int>(std::min<int64_t>({gamma, left - 1, n_ctx - L}));
     SpecStep step;
     draft.tokens.clear();
     if (gamma > 0) {
+      // A round that first reads a long lag (the prompt, or what plain steps
+      // wrote) does not measure c: that is the catch-up, costed apart.
+      const int64_t lag = drafter.pending(ctx);
       const auto td = Clock::now();
       drafter.propose(ctx, gamma, draft);
       step.draft_ms = ms_since(td);
       if (draft.tokens.size() > static_cast<size_t>(gamma)) draft.tokens.resize(gamma);
-      if (static_cast<int>(draft.tokens.size()) < std::max(o.draft_min, 1)) draft.tokens.clear();
-      if (drafter.uses_model() && !draft.tokens.empty())
+      if (drafter.uses_model() && !draft.tokens.empty() && lag <= 2)
         autog.draft(static_cast<int>(draft.tokens.size()), step.draft_ms);
+      if (static_cast<int>(draft.tokens.size()) < std::max(o.draft_min, 1)) draft.tokens.clear();
     }
     const int g = static_cast<int>(draft.tokens.size());
     step.gamma = g;

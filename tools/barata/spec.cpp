@@ -58,6 +58,8 @@ DraftSetup make_drafter(const SpecArgs& a, Session& s, const SamplerOptions& sam
                                                               .n_ctx = s.n_ctx,
                                                               .device = s.engine.backend().kind()});
   d.drafter = std::make_unique<ModelDrafter>(*d.engine, mo, d.name);
+  d.c_prior = static_cast<double>(d.model->weight_bytes()) /
+              static_cast<double>(std::max<int64_t>(s.model.weight_bytes(), 1));
   return d;
 }
 
@@ -70,6 +72,7 @@ Generation generate_speculative(Session& s, DraftSetup& d, std::span<const int32
   o.draft_max = a.draft_max;
   o.draft_min = a.draft_min;
   o.auto_gamma = a.draft_auto;
+  o.c_prior = d.c_prior;
   o.n_predict = n_predict;
   const Tokenizer& tok = s.tok;
   o.is_eog = [&tok](int32_t t) { return tok.is_eog(t); };

@@ -38,6 +38,8 @@ struct DraftSetup {
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Drafter> drafter;
   std::string name;  // for reports: the file, "self q4_0", "lookup 3"
+  // --draft-auto's prior for c: the draft's weight bytes over the target's (0: lookup).
+  double c_prior = 0;
 };
 DraftSetup make_drafter(const SpecArgs& a, Session& s, const SamplerOptions& sampling);
 
