@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs dependencies, fetches everything the tests read (the default model,
-# Qwen2.5-Coder-0.5B, llama.cpp's vocabulary sets), builds and runs every test
+# Qwen2.5-Coder-0.5B and 1.5B, llama.cpp's vocabulary sets), builds and runs every test
 # with BARATA_REQUIRE_DATA=1, so that a test whose data is absent fails instead
 # of skipping. Ends with one summary line: how many tests ran, passed, failed
 # and skipped, and the skip reasons grouped; the skipped tests are listed in
@@ -12,6 +12,7 @@ MODE="${1:-release}"
 "$ROOT/scripts/setup.sh"
 "$ROOT/scripts/fetch-model.sh" >/dev/null
 "$ROOT/scripts/fetch-qwen2.sh" >/dev/null
+"$ROOT/scripts/fetch-qwen2-1.5b.sh" >/dev/null
 "$ROOT/scripts/fetch-test-data.sh" >/dev/null
 DIR="$("$ROOT/scripts/build.sh" "$MODE" | tail -n1)"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"

@@ -391,6 +391,28 @@ TEST(Speculative, SmolLM2WithAQuantizedSelfDraftIsExact) {
   }
 }
 
+TEST(Speculative, Qwen15BWithThe05BDraftIsExact) {
+  // The real pair: Qwen2.5-Coder-1.5B (Q4_K_M) verifying Qwen2.5-Coder-0.5B's drafts.
+  const fs::path big = test::model_path("Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf");
+  const fs::path small = test::model_path("Qwen2.5-Coder-0.5B-Instruct.gguf");
+  BARATA_NEED_FETCHED(big, test::fetch_script_for(big));
+  BARATA_NEED_FETCHED(small, test::fetch_script_for(small));
+  Model tm = Model::load(big);
+  Tokenizer tt = Tokenizer::from_gguf(tm.file());
+  Engine target(tm, {.n_threads = 2, .n_ctx = 256});
+  Model dm = Model::load(small);
+  Tokenizer dt = Tokenizer::from_gguf(dm.file());
+  Engine draft(dm, {.n_threads = 2, .n_ctx = 256});
+  check_same_tokens(tt, tm, dt, dm);
+  ModelDrafter d(draft, {.sampling = {.temperature = 0.0f}}, "0.5B");
+  const auto prompt = tt.encode("def is_prime(n):\n", false, false);
+  const int n = test::sanitized() ? 6 : 16;
+  const auto want = greedy_traces(target, {prompt}, n).at(0).generated;
+  const SpecResult r = speculative_generate(target, d, prompt, greedy_options(4, n));
+  EXPECT_EQ(r.generated, want);
+  EXPECT_GT(r.stats.accepted, 0);
+}
+
 // ---- the CLI ----------------------------------------------------------------
 
 json run_json(const std::string& args) {

@@ -43,6 +43,7 @@ inline std::filesystem::path vocab_path(const std::string& set) {
 inline std::string fetch_script_for(const std::filesystem::path& p) {
   const std::string s = p.string();
   if (s.find("SmolLM2") != std::string::npos) return "scripts/fetch-model.sh";
+  if (s.find("Qwen2.5-Coder-1.5B") != std::string::npos) return "scripts/fetch-qwen2-1.5b.sh";
   if (s.find("Qwen2.5-Coder") != std::string::npos) return "scripts/fetch-qwen2.sh";
   if (p.filename().string().rfind("ggml-vocab-", 0) == 0) return "scripts/fetch-test-data.sh";
   return "git checkout (the file is committed)";
