@@ -64,7 +64,7 @@ struct Ema {
 
 // What --draft-auto knows: the acceptance rate, the draft's cost per token,
 // the one-position step and each k-position verify pass, all measured as the
-// run goes, with priors until they are: alpha 0.7 (worth four tokens), c the
+// run goes, with priors until they are: alpha 0.8 (worth two tokens), c the
 // caller's estimate (the weights' bytes), v from the prompt's prefill (its
 // cost per row against one step).
 class AutoGamma {
@@ -86,7 +86,7 @@ class AutoGamma {
     trials_ = trials_ * 0.9 + accepted + (accepted < gamma ? 1 : 0);
   }
 
-  double alpha() const { return (succ_ + 4 * 0.7) / (trials_ + 4); }
+  double alpha() const { return (succ_ + 2 * 0.8) / (trials_ + 2); }
   double c() const {
     if (step_.set && draft_.set) return draft_.v / step_.v;
     return c_prior_;
@@ -112,35 +112,48 @@ class AutoGamma {
     return static_cast<double>(pending) * c() * per_row;
   }
 
-  // 0: plain decoding. The first step is plain (it measures the step). Then
-  // the gamma with the best predicted rate, when it beats plain by 2% and
-  // what it saves over the tokens left pays for the drafter's catch-up.
-  // While plain wins, a probe (gamma 2) every 32 steps keeps alpha current,
-  // but only where even alpha = 1 would pay.
+  // 0: plain decoding. The first step is plain (it measures the step). The
+  // second explores once, at the gamma best under an optimistic alpha of
+  // 0.9, when that would pay over the tokens left three times over the
+  // drafter's catch-up (a bad draft then costs a few steps, not a run).
+  // After that: the gamma with the best predicted rate from the measured
+  // alpha (prior 0.8, worth two tokens), c and v, when it beats plain by 2%
+  // and pays for the catch-up; while plain wins, a probe every 32 steps
+  // where alpha + 0.15 would make speculation pay (the text may have turned
+  // predictable).
   int choose(int64_t left, int64_t pending) {
     if (!step_.set) return 0;
-    const double a = alpha(), cc = c();
-    int best = 0;
-    double best_rate = 1.02;
-    for (int g = 1; g <= gmax_; ++g) {
-      const double r = predicted_speedup(a, g, cc, v(g + 1));
-      if (r > best_rate) {
-        best = g;
-        best_rate = r;
+    const double cc = c();
+    const auto best_at = [&](double a, double* rate) {
+      int best = 0;
+      *rate = 1.02;
+      for (int g = 1; g <= gmax_; ++g) {
+        const double r = predicted_speedup(a, g, cc, v(g + 1));
+        if (r > *rate) {
+          best = g;
+          *rate = r;
+        }
       }
-    }
-    const auto pays = [&](double rate) {
-      return static_cast<double>(left) * (1.0 - 1.0 / rate) > catch_up(pending);
-    };
-    if (best > 0 && pays(best_rate)) {
-      since_probe_ = 0;
       return best;
+    };
+    const auto pays = [&](double rate, double times) {
+      return static_cast<double>(left) * (1.0 - 1.0 / rate) > times * catch_up(pending);
+    };
+    double rate = 0;
+    if (!explored_) {
+      explored_ = true;
+      const int g = best_at(0.9, &rate);
+      return g > 0 && pays(rate, 3.0) ? g : 0;
+    }
+    const int g = best_at(alpha(), &rate);
+    if (g > 0 && pays(rate, 1.0)) {
+      since_probe_ = 0;
+      return g;
     }
     if (++since_probe_ < 32) return 0;
     since_probe_ = 0;
-    const int g = std::min(gmax_, 2);
-    const double bound = predicted_speedup(1.0, g, cc, v(g + 1));
-    return bound > 1.1 && pays(bound) ? g : 0;
+    const int gp = best_at(std::min(1.0, alpha() + 0.15), &rate);
+    return gp > 0 && rate > 1.1 && pays(rate, 2.0) ? std::min(gp, 2) : 0;
   }
 
  private:
@@ -150,6 +163,7 @@ class AutoGamma {
   std::vector<Ema> verify_;
   double succ_ = 0, trials_ = 0;
   int since_probe_ = 0;
+  bool explored_ = false;
 };
 
 }  // namespace
