@@ -114,7 +114,7 @@ class AutoGamma {
 
   // 0: plain decoding. The first step is plain (it measures the step). The
   // second explores once, at the gamma best under an optimistic alpha of
-  // 0.9, when that would pay over the tokens left three times over the
+  // 0.9, when that would pay over the tokens left 1.5 times over the
   // drafter's catch-up (a bad draft then costs a few steps, not a run).
   // After that: the gamma with the best predicted rate from the measured
   // alpha (prior 0.8, worth two tokens), c and v, when it beats plain by 2%
@@ -143,7 +143,7 @@ class AutoGamma {
     if (!explored_) {
       explored_ = true;
       const int g = best_at(0.9, &rate);
-      return g > 0 && pays(rate, 3.0) ? g : 0;
+      return g > 0 && pays(rate, 1.5) ? g : 0;
     }
     const int g = best_at(alpha(), &rate);
     if (g > 0 && pays(rate, 1.0)) {

@@ -41,7 +41,7 @@ DraftSetup make_drafter(const SpecArgs& a, Session& s, const SamplerOptions& sam
   DraftSetup d;
   const ModelDrafterOptions mo{.sampling = sampling, .p_min = a.p_min};
   if (a.lookup > 0) {
-    d.drafter = std::make_unique<LookupDrafter>(a.lookup);
+    d.drafter = std::make_unique<LookupDrafter>(a.lookup, std::min(a.lookup, 2));
     d.name = fmt::format("lookup {}", a.lookup);
     return d;
   }
