@@ -259,7 +259,9 @@ TEST(QuantKernels, LlamaCppTypesMatchFloat64Reference) {
   for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::IQ4_NL,
                   DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16, DType::BF16}) {
     for (int64_t k : {256, 512, 1536}) {
-      for (int64_t n_tok : {1, 3, 33}) {
+      // 2-8 tokens: the few-token register paths (a speculative verify pass);
+      // 9 and 33: the wide paths.
+      for (int64_t n_tok : {1, 2, 3, 6, 8, 9, 33}) {
         const int64_t n_rows = 1 + static_cast<int64_t>(rng() % 37);
         check_kernel(pool, t, k, n_rows, n_tok, seed++);
       }

@@ -115,6 +115,86 @@ void dot_q8_q8(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64_t 
 #endif
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// A few tokens (a speculative verify pass, a small batch): each weight block
+// is unpacked once and applied to all T tokens; every output gets the same
+// arithmetic, in the same order, as in dot_q4_q8.
+template <typename Block, bool kHasMin, int T>
+void dot_q4_q8_tokens(const uint8_t* w, const BlockQ8Act* const* x, int64_t nb, float* out,
+                      size_t ldy) {
+  const Block* row = reinterpret_cast<const Block*>(w);
+  __m256 acc[T];
+  float off[T];
+  for (int t = 0; t < T; ++t) {
+    acc[t] = _mm256_setzero_ps();
+    off[t] = 0.0f;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const Block& blk = row[b];
+    const float dw = fp16_to_fp32(blk.d);
+    const __m256i q = unpack_nibbles(blk.qs);
+    for (int t = 0; t < T; ++t) {
+      const BlockQ8Act& xb = x[t][b];
+      const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q));
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb.d), dot_u8_s8(q, qx), acc[t]);
+      if constexpr (kHasMin) {
+        off[t] += fp16_to_fp32(blk.m) * xb.s;
+      } else {
+        off[t] -= 8.0f * dw * xb.s;
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * ldy] = hsum(acc[t]) + off[t];
+}
+
+template <typename Block, bool kHasMin, int T>
+void q4_tile_tokens(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t nb,
+                    const BlockQ8Act* const* x, float* out, size_t ldy) {
+  for (int64_t r = 0; r < n_rows; ++r)
+    dot_q4_q8_tokens<Block, kHasMin, T>(w + r * row_bytes, x, nb, out + r, ldy);
+}
+
+// 2 to 8 tokens through dot_q4_q8_tokens; false for other counts.
+template <typename Block, bool kHasMin>
+bool q4_tile_few(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const uint8_t* acts,
+                 size_t act_stride, int64_t n_tokens, float* out, size_t ldy) {
+  if (n_tokens < 2 || n_tokens > 8) return false;
+  const BlockQ8Act* x[8];
+  for (int64_t t = 0; t < n_tokens; ++t) x[t] = act_row(acts, act_stride, t);
+  const int64_t nb = k / 32;
+  switch (n_tokens) {
+    case 2:
+      q4_tile_tokens<Block, kHasMin, 2>(w, row_bytes, n_rows, nb, x, out, ldy);
+      break;
+    case 3:
+      q4_tile_tokens<Block, kHasMin, 3>(w, row_bytes, n_rows, nb, x, out, ldy);
+      break;
+    case 4:
+      q4_tile_tokens<Block, kHasMin, 4>(w, row_bytes, n_rows, nb, x, out, ldy);
+      break;
+    case 5:
+      q4_tile_tokens<Block, kHasMin, 5>(w, row_bytes, n_rows, nb, x, out, ldy);
+      break;
+    case 6:
+      q4_tile_tokens<Block, kHasMin, 6>(w, row_bytes, n_rows, nb, x, out, ldy);
+      break;
+    case 7:
+      q4_tile_tokens<Block, kHasMin, 7>(w, row_bytes, n_rows, nb, x, out, ldy);
+      break;
+    default:
+      q4_tile_tokens<Block, kHasMin, 8>(w, row_bytes, n_rows, nb, x, out, ldy);
+      break;
+  }
+  return true;
+}
+#else
+template <typename Block, bool kHasMin>
+bool q4_tile_few(const uint8_t*, size_t, int64_t, int64_t, const uint8_t*, size_t, int64_t, float*,
+                 size_t) {
+  return false;
+}
+#endif
+
 // Runs a row kernel over a tile: rows in groups of 4, then one at a time.
 template <void (*K4)(const uint8_t*, size_t, const BlockQ8Act*, int64_t, float*, size_t),
           void (*K1)(const uint8_t*, size_t, const BlockQ8Act*, int64_t, float*, size_t)>
@@ -190,11 +270,15 @@ BARATA_DOT_TILE(dot_tile_f16) {
 }
 
 BARATA_DOT_TILE(dot_tile_q4_0_q8) {
+  if (q4_tile_few<BlockQ4_0, false>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy))
+    return;
   q8_tile<dot_q4_q8<BlockQ4_0, false, 4>, dot_q4_q8<BlockQ4_0, false, 1>>(
       w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
 }
 
 BARATA_DOT_TILE(dot_tile_q4_1_q8) {
+  if (q4_tile_few<BlockQ4_1, true>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy))
+    return;
   q8_tile<dot_q4_q8<BlockQ4_1, true, 4>, dot_q4_q8<BlockQ4_1, true, 1>>(
       w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
 }

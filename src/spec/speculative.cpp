@@ -113,9 +113,10 @@ class AutoGamma {
   }
 
   // 0: plain decoding. The first step is plain (it measures the step). The
-  // second explores once, at the gamma best under an optimistic alpha of
-  // 0.9, when that would pay over the tokens left 1.5 times over the
-  // drafter's catch-up (a bad draft then costs a few steps, not a run).
+  // next two explore, at the gamma best under an optimistic alpha of 0.9,
+  // when that would pay over the tokens left 1.5 times over the drafter's
+  // catch-up (a bad draft then costs a few steps, not a run; two, so that
+  // one early rejection does not decide the run).
   // After that: the gamma with the best predicted rate from the measured
   // alpha (prior 0.8, worth two tokens), c and v, when it beats plain by 2%
   // and pays for the catch-up; while plain wins, a probe every 32 steps
@@ -140,10 +141,11 @@ class AutoGamma {
       return static_cast<double>(left) * (1.0 - 1.0 / rate) > times * catch_up(pending);
     };
     double rate = 0;
-    if (!explored_) {
-      explored_ = true;
+    if (explores_ < 2) {
+      ++explores_;
       const int g = best_at(0.9, &rate);
-      return g > 0 && pays(rate, 1.5) ? g : 0;
+      if (g > 0 && pays(rate, explores_ == 1 ? 1.5 : 1.0)) return g;
+      explores_ = 2;
     }
     const int g = best_at(alpha(), &rate);
     if (g > 0 && pays(rate, 1.0)) {
@@ -163,7 +165,7 @@ class AutoGamma {
   std::vector<Ema> verify_;
   double succ_ = 0, trials_ = 0;
   int since_probe_ = 0;
-  bool explored_ = false;
+  int explores_ = 0;
 };
 
 }  // namespace
