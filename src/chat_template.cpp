@@ -94,4 +94,12 @@ std::string apply_chat_template(ChatFamily f, const std::vector<ChatMessage>& me
   return out;
 }
 
+std::string single_turn_prompt(ChatFamily f, std::string_view jinja, std::string_view user) {
+  std::vector<ChatMessage> msgs;
+  const std::string system = default_system_prompt(jinja);
+  if (!system.empty()) msgs.push_back({"system", system});
+  msgs.push_back({"user", std::string(user)});
+  return apply_chat_template(f, msgs, true);
+}
+
 }  // namespace barata

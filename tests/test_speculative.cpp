@@ -19,6 +19,7 @@
 #include "barata/speculative.h"
 #include "barata/tokenizer.h"
 #include "sanitizer.h"
+#include "loaded_model.h"
 #include "test_util.h"
 
 namespace barata {
@@ -27,19 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct Loaded {
-  explicit Loaded(const fs::path& p, int64_t n_ctx = 256)
-      : model(Model::load(p)),
-        tok(Tokenizer::from_gguf(model.file())),
-        engine(model, {.n_threads = 1, .n_ctx = n_ctx}) {}
-  explicit Loaded(Model m, int64_t n_ctx = 256)
-      : model(std::move(m)),
-        tok(Tokenizer::from_gguf(model.file())),
-        engine(model, {.n_threads = 1, .n_ctx = n_ctx}) {}
-  Model model;
-  Tokenizer tok;
-  Engine engine;
-};
+using Loaded = test::LoadedModel;  // tiny models at a context of 128
 
 const std::vector<std::string> kPrompts = {"Once upon a time", "The little dog ran",
                                            "She had a red ball and"};

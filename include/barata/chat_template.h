@@ -29,5 +29,8 @@ std::string default_system_prompt(std::string_view jinja);
 // parse_special. The BOS token is left to the tokenizer.
 std::string apply_chat_template(ChatFamily f, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt);
+// One user message with the template's default system prompt (if any), the
+// assistant's turn opened.
+std::string single_turn_prompt(ChatFamily f, std::string_view jinja, std::string_view user);
 
 }  // namespace barata

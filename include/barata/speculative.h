@@ -147,6 +147,11 @@ struct SpecStats {
   double acceptance() const {  // accepted / drafted
     return drafted ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0.0;
   }
+  double tokens_per_verify() const {  // kept drafts + the target's own token, per pass
+    return verify_passes
+               ? static_cast<double>(accepted + verify_passes) / static_cast<double>(verify_passes)
+               : 0.0;
+  }
 };
 
 struct SpecResult {

@@ -186,11 +186,7 @@ BatteryPrompt battery_prompt(const Tokenizer& tok, std::string_view question,
         "cannot tell the chat template family from tokenizer.chat_template; name one ({}) or ask "
         "without a template",
         "chatml, llama3, gemma, llama2");
-  std::vector<ChatMessage> msgs;
-  const std::string system = default_system_prompt(jinja);
-  if (!system.empty()) msgs.push_back({"system", system});
-  msgs.push_back({"user", std::string(question)});
-  return {apply_chat_template(*family, msgs, true), true};
+  return {single_turn_prompt(*family, jinja, question), true};
 }
 
 BatteryResult run_battery(Engine& engine, const Tokenizer& tok,

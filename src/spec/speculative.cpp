@@ -180,11 +180,21 @@ int32_t speculative_accept(const Draft::Dist& p, const Draft::Dist* q, int32_t x
     return x;
   }
   *accepted = false;
-  // norm(max(0, p - q)) over p's support (where p is 0 the difference is not positive).
+  // norm(max(0, p - q)) over p's support (where p is 0 the difference is not
+  // positive). q by id in one dense array: a search per id would be
+  // quadratic in the vocabulary with top-k off.
+  std::vector<double> q_of;
+  if (q) {
+    int32_t top = x;
+    for (int32_t id : p.ids) top = std::max(top, id);
+    q_of.assign(static_cast<size_t>(top) + 1, 0.0);
+    for (size_t i = 0; i < q->ids.size(); ++i)
+      if (q->ids[i] <= top) q_of[static_cast<size_t>(q->ids[i])] = q->p[i];
+  }
   Draft::Dist r;
   double total = 0;
   for (size_t i = 0; i < p.ids.size(); ++i) {
-    const double qi = q ? prob_of(*q, p.ids[i]) : (p.ids[i] == x ? 1.0 : 0.0);
+    const double qi = q ? q_of[static_cast<size_t>(p.ids[i])] : (p.ids[i] == x ? 1.0 : 0.0);
     const double d = p.p[i] - qi;
     if (d > 0) {
       r.ids.push_back(p.ids[i]);

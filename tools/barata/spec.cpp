@@ -106,25 +106,22 @@ nlohmann::json spec_json(const SpecResult& r, const SpecArgs& a, const std::stri
   nlohmann::json vc = nlohmann::json::object();
   for (size_t k = 2; k < st.verify_cost.size(); ++k)
     if (st.verify_cost[k] > 0) vc[std::to_string(k)] = st.verify_cost[k];
-  return {
-      {"drafter", name},
-      {"draft_max", a.draft_max},
-      {"draft_auto", a.draft_auto},
-      {"drafted", st.drafted},
-      {"accepted", st.accepted},
-      {"acceptance", st.acceptance()},
-      {"alpha", st.alpha},
-      {"verify_passes", st.verify_passes},
-      {"plain_steps", st.plain_steps},
-      {"tokens_per_verify", st.verify_passes ? static_cast<double>(st.accepted + st.verify_passes) /
-                                                   static_cast<double>(st.verify_passes)
-                                             : 0.0},
-      {"draft_ms", st.draft_ms},
-      {"verify_ms", st.verify_ms},
-      {"plain_ms", st.plain_ms},
-      {"c", st.c},
-      {"target_step_ms", st.target_step_ms},
-      {"verify_cost", vc}};
+  return {{"drafter", name},
+          {"draft_max", a.draft_max},
+          {"draft_auto", a.draft_auto},
+          {"drafted", st.drafted},
+          {"accepted", st.accepted},
+          {"acceptance", st.acceptance()},
+          {"alpha", st.alpha},
+          {"verify_passes", st.verify_passes},
+          {"plain_steps", st.plain_steps},
+          {"tokens_per_verify", st.tokens_per_verify()},
+          {"draft_ms", st.draft_ms},
+          {"verify_ms", st.verify_ms},
+          {"plain_ms", st.plain_ms},
+          {"c", st.c},
+          {"target_step_ms", st.target_step_ms},
+          {"verify_cost", vc}};
 }
 
 std::string spec_line(const SpecResult& r, const SpecArgs& a, const std::string& name) {
@@ -133,10 +130,7 @@ std::string spec_line(const SpecResult& r, const SpecArgs& a, const std::string&
       "speculative ({}, {}gamma {}): {} verify passes + {} plain steps | drafted {}, accepted {} "
       "({:.1f}%, alpha {:.3f}) | {:.2f} tokens per verify",
       name, a.draft_auto ? "auto, " : "", a.draft_max, st.verify_passes, st.plain_steps, st.drafted,
-      st.accepted, 100.0 * st.acceptance(), st.alpha,
-      st.verify_passes ? static_cast<double>(st.accepted + st.verify_passes) /
-                             static_cast<double>(st.verify_passes)
-                       : 0.0);
+      st.accepted, 100.0 * st.acceptance(), st.alpha, st.tokens_per_verify());
   if (st.drafted) line += fmt::format(" | draft {:.2f} ms/token", st.draft_ms / st.drafted);
   if (st.c > 0) line += fmt::format(" (c = {:.3f})", st.c);
   return line;

@@ -129,11 +129,7 @@ int run(const BenchArgs& a) {
     bool special = false;
     if (!a.plain) {
       if (auto f = detect_chat_family(s.tok.chat_template())) {
-        std::vector<ChatMessage> msgs;
-        const std::string sys = default_system_prompt(s.tok.chat_template());
-        if (!sys.empty()) msgs.push_back({"system", sys});
-        msgs.push_back({"user", t});
-        text = apply_chat_template(*f, msgs, true);
+        text = single_turn_prompt(*f, s.tok.chat_template(), t);
         special = true;
       }
     }
