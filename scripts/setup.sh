@@ -6,9 +6,11 @@ set -euo pipefail
 PACKAGES=(
   cmake g++ make ninja-build pkg-config
   libcli11-dev libfmt-dev libspdlog-dev libgtest-dev libgmock-dev
-  nlohmann-json3-dev libpcre2-dev libedit-dev
+  nlohmann-json3-dev libpcre2-dev libedit-dev libcpp-httplib-dev
   clang clang-format libclang-rt-dev
-  python3
+  python3 python3-venv
+  # barata serve's tests: nginx (scale-out), headless Chromium (the web page)
+  nginx chromium chromium-driver
 )
 
 missing=()

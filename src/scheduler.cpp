@@ -204,6 +204,16 @@ void Scheduler::cancel(int id) {
   finish(s, FinishReason::kCancelled);
 }
 
+void Scheduler::forget(int id) {
+  Sequence& s = *seqs_.at(static_cast<size_t>(id));
+  if (!s.done()) fail("internal: Scheduler::forget({}): the sequence is not done", id);
+  s.tokens = {};
+  s.req.prompt = {};
+  s.req.stop = {};
+  s.text = {};
+  s.decoder.reset();
+}
+
 // Passes on_text the text that is final: everything when the sequence ends,
 // else all but a tail that could be the start of a stop string.
 void Scheduler::stream_text(Sequence& s, bool all) {

@@ -14,6 +14,7 @@
 // sampler lives on, so its output is what it would have been.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -114,7 +115,9 @@ struct Sequence {
   explicit Sequence(const Request& r)
       : own_sampler(r.sampling), sampler(r.sampler ? r.sampler : &own_sampler) {}
   std::span<const int32_t> output() const {
-    return std::span<const int32_t>(tokens).subspan(static_cast<size_t>(n_prompt));
+    // Empty once Scheduler::forget dropped the tokens.
+    return std::span<const int32_t>(tokens).subspan(
+        std::min(static_cast<size_t>(n_prompt), tokens.size()));
   }
   bool done() const { return status == SeqStatus::kFinished || status == SeqStatus::kFailed; }
   double latency_s() const { return t_finished - req.arrival_s; }
@@ -184,6 +187,12 @@ class Scheduler {
   void run(const std::function<bool()>& keep_going = {});
   bool idle() const;  // nothing waiting or running
   void cancel(int id);
+  // Sequences queued for a slot, and holding one.
+  int64_t n_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t n_running() const { return static_cast<int64_t>(running_.size()); }
+  // Drops a finished sequence's tokens, text and decoder (a long-running
+  // server's memory stays bounded); its status, finish and counts stay.
+  void forget(int id);
 
   // Called after each generated token (the sequence's tokens include it).
   std::function<void(const Sequence&, int32_t token)> on_token;

@@ -24,6 +24,7 @@ Command add_perplexity(CLI::App& app);
 Command add_plan(CLI::App& app);
 Command add_quantize(CLI::App& app);
 Command add_run(CLI::App& app);
+Command add_serve(CLI::App& app);
 Command add_spec_bench(CLI::App& app);
 Command add_tokenize(CLI::App& app);
 

@@ -1,0 +1,74 @@
+// barata serve: an OpenAI-compatible HTTP/1.1 server over the scheduler
+// (include/barata/scheduler.h). HTTP threads parse, validate and tokenize
+// requests and write responses (SSE streams included); one engine thread owns
+// the scheduler and runs its steps. They meet in a bounded inbox and in one
+// Job per request, whose text the engine thread appends and the request's
+// HTTP thread takes and writes, so a slow client never stalls a step.
+//
+// Endpoints (docs/server.md): POST /v1/chat/completions, POST /v1/completions,
+// GET /v1/models, GET /health, GET /metrics (Prometheus text), GET / (the web
+// chat page, embedded at build time from web/index.html).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "barata/chat_template.h"
+#include "barata/sampler.h"
+
+namespace barata {
+
+class Engine;
+class Tokenizer;
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;  // 0: any free port (Server::listen returns it)
+  int slots = 4;    // sequences decoding at once
+  // Requests waiting for a slot; one more gets 429 with Retry-After.
+  int max_queue = 16;
+  int64_t max_batch_tokens = 512;    // rows per forward call
+  std::vector<std::string> api_keys;  // empty: no key asked for
+  size_t max_body_bytes = 1 << 20;    // larger bodies get 413
+  double drain_grace_s = 30;          // SIGTERM: running requests get this long, then are cancelled
+  int http_threads = 0;               // 0: 64 + slots + max_queue
+  std::string model_id = "barata";    // what /v1/models lists and responses name
+  // Sampling when a request does not say (temperature and top_p it may set).
+  SamplerOptions sampling;
+  // The chat template; null: /v1/chat/completions answers 400.
+  std::optional<ChatFamily> chat_family;
+  std::string default_system;  // inserted when a conversation has no system message
+};
+
+class Server {
+ public:
+  explicit Server(ServerOptions o);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds and starts answering (GET /health says "loading" until serve());
+  // returns the port. Throws barata::Error when the address cannot be bound.
+  int listen();
+  // The chat template and default system prompt, when they are known only
+  // once the model is loaded (before serve()).
+  void set_chat(std::optional<ChatFamily> family, std::string default_system);
+  // Runs the engine loop in this thread until shutdown() and the drain are
+  // over, then stops the HTTP side. The engine's KV pool must be empty.
+  void serve(Engine& engine, const Tokenizer& tok);
+  // Async-signal-safe: stop accepting requests (503), let running ones
+  // finish for drain_grace_s, cancel the rest, and return from serve().
+  void shutdown();
+  // shutdown() with no grace: running requests are cancelled at once.
+  void shutdown_now();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace barata

@@ -1,0 +1,984 @@
+// barata serve (include/barata/server.h). HTTP from cpp-httplib (Debian's
+// libcpp-httplib-dev: maintained, HTTP/1.1 with chunked streaming and a thread
+// per connection, which is what SSE to many clients needs without an event
+// loop of our own), JSON from nlohmann-json.
+#include "barata/server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <csignal>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "barata/engine.h"
+#include "barata/error.h"
+#include "barata/scheduler.h"
+#include "barata/tokenizer.h"
+
+namespace barata {
+
+// The page, embedded at build time (CMake writes it from web/index.html).
+extern const unsigned char kWebIndexHtml[];
+extern const size_t kWebIndexHtmlSize;
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// ---- errors in OpenAI's shape ---------------------------------------------------
+
+struct ApiError {
+  int status;
+  std::string message, type, param, code;
+};
+
+json error_body(const ApiError& e) {
+  json err = {{"message", e.message}, {"type", e.type}};
+  err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
+  err["code"] = e.code.empty() ? json(nullptr) : json(e.code);
+  return {{"error", err}};
+}
+
+[[noreturn]] void bad_request(std::string message, std::string param = "",
+                              std::string code = "") {
+  throw ApiError{400, std::move(message), "invalid_request_error", std::move(param),
+                 std::move(code)};
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(error_body(e).dump(), "application/json");
+}
+
+// ---- Prometheus histogram ----------------------------------------------------------
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds)
+      : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+  void observe(double v) {
+    size_t i = 0;
+    while (i < bounds_.size() && v > bounds_[i]) ++i;
+    ++counts_[i];
+    sum_ += v;
+    ++n_;
+  }
+  void write(std::string& out, const std::string& name, const std::string& help) const {
+    out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+    int64_t cum = 0;
+    for (size_t i = 0; i < bounds_.size(); ++i) {
+      cum += counts_[i];
+      out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cum);
+    }
+    out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, n_, name,
+                       sum_, name, n_);
+  }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<int64_t> counts_;
+  double sum_ = 0;
+  int64_t n_ = 0;
+};
+
+const std::vector<double> kTimeBuckets = {0.025, 0.05, 0.1, 0.25, 0.5, 1,  2.5,
+                                          5,     10,   20,  30,   60,  120};
+
+// ---- one request --------------------------------------------------------------------
+
+enum class Kind { kChat, kCompletion };
+
+struct Job {
+  // Set by the HTTP thread before it is queued.
+  Kind kind = Kind::kChat;
+  Request req;
+  bool stream = false, include_usage = false;
+  std::string id;  // "chatcmpl-N" / "cmpl-N"
+  int64_t created = 0;
+  Clock::time_point t_arrival;
+
+  // Between the threads.
+  std::mutex m;
+  std::condition_variable cv;
+  std::string pending;  // text not yet taken by the writer
+  bool done = false;
+  FinishReason finish = FinishReason::kNone;
+  std::string error;
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  std::atomic<bool> cancelled{false};
+  int seq = -1;  // the scheduler's id (engine thread only)
+};
+
+const char* openai_finish(FinishReason r) {
+  switch (r) {
+    case FinishReason::kEos:
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+    case FinishReason::kContext:
+      return "length";
+    default:
+      return nullptr;
+  }
+}
+
+// ---- request parsing ------------------------------------------------------------------
+
+const json& field(const json& body, const char* name) {
+  static const json kNull;
+  auto it = body.find(name);
+  return it == body.end() ? kNull : *it;
+}
+
+std::optional<double> number_in(const json& body, const char* name, double lo, double hi) {
+  const json& v = field(body, name);
+  if (v.is_null()) return std::nullopt;
+  if (!v.is_number()) bad_request(fmt::format("'{}' must be a number", name), name);
+  const double x = v.get<double>();
+  if (!(x >= lo && x <= hi))
+    bad_request(fmt::format("'{}' is {}, outside [{}, {}]", name, x, lo, hi), name);
+  return x;
+}
+
+std::optional<int64_t> integer_in(const json& body, const char* name, int64_t lo, int64_t hi) {
+  const json& v = field(body, name);
+  if (v.is_null()) return std::nullopt;
+  if (!v.is_number_integer()) bad_request(fmt::format("'{}' must be an integer", name), name);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi))
+    bad_request(fmt::format("'{}' is {}, above {}", name, v.get<uint64_t>(), hi), name);
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi)
+    bad_request(fmt::format("'{}' is {}, outside [{}, {}]", name, x, lo, hi), name);
+  return x;
+}
+
+bool boolean(const json& body, const char* name, bool dflt) {
+  const json& v = field(body, name);
+  if (v.is_null()) return dflt;
+  if (!v.is_boolean()) bad_request(fmt::format("'{}' must be a boolean", name), name);
+  return v.get<bool>();
+}
+
+// Fields OpenAI defines that barata accepts only at their default (or null).
+void only_default(const json& body, const char* name, const json& dflt) {
+  const json& v = field(body, name);
+  if (!v.is_null() && v != dflt)
+    bad_request(fmt::format("'{}' = {} is not supported (only {})", name, v.dump(), dflt.dump()),
+                name);
+}
+
+void check_known(const json& body, const std::vector<std::string>& known) {
+  for (auto it = body.begin(); it != body.end(); ++it)
+    if (std::find(known.begin(), known.end(), it.key()) == known.end())
+      bad_request(fmt::format("Unrecognized request argument supplied: {}", it.key()), it.key());
+}
+
+std::vector<std::string> parse_stop(const json& body) {
+  const json& v = field(body, "stop");
+  std::vector<std::string> out;
+  if (v.is_null()) return out;
+  if (v.is_string()) {
+    out.push_back(v.get<std::string>());
+  } else if (v.is_array()) {
+    if (v.size() > 4) bad_request("'stop' holds at most 4 strings", "stop");
+    for (const json& s : v) {
+      if (!s.is_string()) bad_request("'stop' must be a string or an array of strings", "stop");
+      out.push_back(s.get<std::string>());
+    }
+  } else {
+    bad_request("'stop' must be a string or an array of strings", "stop");
+  }
+  for (const std::string& s : out)
+    if (s.empty()) bad_request("'stop' strings must not be empty", "stop");
+  return out;
+}
+
+// A message's content: a string, or an array of {"type":"text","text":...} parts.
+std::string message_content(const json& c, size_t i) {
+  const std::string param = fmt::format("messages[{}].content", i);
+  if (c.is_string()) return c.get<std::string>();
+  if (c.is_array()) {
+    std::string out;
+    for (const json& part : c) {
+      if (!part.is_object() || field(part, "type") != "text" || !field(part, "text").is_string())
+        bad_request(fmt::format("{}: only text parts are supported", param), param);
+      out += part["text"].get<std::string>();
+    }
+    return out;
+  }
+  bad_request(fmt::format("{} must be a string or an array of text parts", param), param);
+}
+
+std::vector<ChatMessage> parse_messages(const json& body) {
+  const json& v = field(body, "messages");
+  if (!v.is_array()) bad_request("'messages' must be an array", "messages");
+  if (v.empty()) bad_request("'messages' must not be empty", "messages");
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& m = v[i];
+    const std::string param = fmt::format("messages[{}]", i);
+    if (!m.is_object()) bad_request(fmt::format("{} must be an object", param), param);
+    const json& role = field(m, "role");
+    if (!role.is_string()) bad_request(fmt::format("{}.role must be a string", param), param);
+    std::string r = role.get<std::string>();
+    if (r == "developer") r = "system";
+    if (r != "system" && r != "user" && r != "assistant")
+      bad_request(fmt::format("{}.role '{}' is not one of system, developer, user, assistant",
+                              param, r),
+                  param + ".role");
+    for (auto it = m.begin(); it != m.end(); ++it)
+      if (it.key() != "role" && it.key() != "content" && it.key() != "name")
+        bad_request(fmt::format("{}: unsupported field '{}'", param, it.key()),
+                    param + "." + it.key());
+    out.push_back({r, message_content(field(m, "content"), i)});
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---- the server ---------------------------------------------------------------------
+
+struct Server::Impl {
+  ServerOptions o;
+  httplib::Server http;
+  std::thread http_thread;
+  int port = -1;
+  Clock::time_point t0 = Clock::now();
+
+  // Set by serve().
+  Engine* engine = nullptr;
+  const Tokenizer* tok = nullptr;
+  int64_t n_ctx = 0, pool_tokens = 0;
+  std::atomic<bool> ready{false};
+
+  // Shutdown: 1 drain, 2 now. Written from a signal handler.
+  std::atomic<int> shutdown_req{0};
+  std::atomic<bool> accepting{true};
+
+  // The inbox: jobs to submit and scheduler ids to cancel.
+  std::mutex inbox_m;
+  std::condition_variable inbox_cv;
+  std::deque<std::shared_ptr<Job>> inbox;
+  std::vector<std::shared_ptr<Job>> to_cancel;
+  int64_t waiting_published = 0;  // the scheduler's queue, after the last step (inbox_m)
+  std::atomic<int64_t> next_id{1};
+
+  // Metrics (metrics_m).
+  std::mutex metrics_m;
+  std::map<std::pair<std::string, int>, int64_t> http_requests;  // (endpoint, status)
+  int64_t rejected_429 = 0, prompt_tokens = 0, generated_tokens = 0, finished = 0, cancelled = 0;
+  int64_t queue_depth = 0, slots_in_use = 0, kv_used = 0, kv_total = 0, kv_cached = 0;
+  int64_t prefix_hit_tokens = 0, prefix_lookups = 0, prefix_hit_blocks = 0, steps = 0;
+  Histogram ttft{kTimeBuckets}, latency{kTimeBuckets};
+  std::deque<double> completions;  // when the last requests finished (seconds since t0)
+
+  explicit Impl(ServerOptions opts) : o(std::move(opts)) {}
+
+  void count(const std::string& endpoint, int status) {
+    std::lock_guard<std::mutex> l(metrics_m);
+    ++http_requests[{endpoint, status}];
+    if (status == 429) ++rejected_429;
+  }
+
+  // Seconds until a place in the queue frees, from the recent drain rate.
+  int retry_after_s(int64_t queued) {
+    std::lock_guard<std::mutex> l(metrics_m);
+    if (completions.size() < 2) return 1;
+    const double span = completions.back() - completions.front();
+    if (span <= 0) return 1;
+    const double rate = static_cast<double>(completions.size() - 1) / span;
+    const double s = std::ceil(static_cast<double>(queued - o.max_queue + 1) / rate);
+    return static_cast<int>(std::clamp(s, 1.0, 600.0));
+  }
+
+  bool authorized(const httplib::Request& req) const {
+    if (o.api_keys.empty()) return true;
+    const std::string h = req.get_header_value("Authorization");
+    const std::string bearer = "Bearer ";
+    if (h.compare(0, bearer.size(), bearer) != 0) return false;
+    const std::string key = h.substr(bearer.size());
+    for (const std::string& k : o.api_keys)
+      if (key.size() == k.size()) {
+        unsigned char diff = 0;  // no early exit on the first differing byte
+        for (size_t i = 0; i < k.size(); ++i)
+          diff |= static_cast<unsigned char>(key[i] ^ k[i]);
+        if (diff == 0) return true;
+      }
+    return false;
+  }
+
+  void setup_routes();
+  void handle_generate(const httplib::Request& req, httplib::Response& res, Kind kind);
+  std::shared_ptr<Job> parse_job(const json& body, Kind kind);
+  void engine_loop();
+  std::string metrics_text();
+};
+
+void Server::Impl::setup_routes() {
+  const int threads = o.http_threads > 0 ? o.http_threads : 64 + o.slots + o.max_queue;
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http.set_payload_max_length(o.max_body_bytes);
+  http.set_keep_alive_timeout(5);
+  http.set_read_timeout(30);
+  http.set_write_timeout(30);
+
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const bool open = req.path == "/" || req.path == "/health" || req.path == "/index.html";
+    if (!open && !authorized(req)) {
+      send_error(res, {401,
+                       o.api_keys.empty() ? "" : "Incorrect or missing API key (Authorization: Bearer KEY)",
+                       "invalid_request_error", "", "invalid_api_key"});
+      count(req.path, 401);
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  // Every status >= 400 passes here; fill in a body where a handler did not
+  // (404, 405, httplib's own 400 and 413).
+  http.set_error_handler(httplib::Server::HandlerWithResponse(
+      [this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    std::string msg = fmt::format("HTTP {} for {} {}", res.status, req.method, req.path);
+    if (res.status == 404) msg = fmt::format("no route {} {}", req.method, req.path);
+    if (res.status == 413)
+      msg = fmt::format("the request body exceeds {} bytes", o.max_body_bytes);
+    const int status = res.status;
+    send_error(res, {status, msg, "invalid_request_error", "", ""});
+    count(req.path, status);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  http.set_exception_handler(
+      [this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown error";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        send_error(res, {500, what, "server_error", "", ""});
+        count(req.path, 500);
+      });
+
+  http.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!ready) {
+      res.status = 503;
+      res.set_content(R"({"status":"loading"})", "application/json");
+    } else if (!accepting) {
+      res.status = 503;
+      res.set_content(R"({"status":"shutting down"})", "application/json");
+    } else {
+      res.set_content(R"({"status":"ok"})", "application/json");
+    }
+    count(req.path, res.status);
+  });
+  auto page = [this](const httplib::Request& req, httplib::Response& res) {
+    res.set_content(std::string(reinterpret_cast<const char*>(kWebIndexHtml), kWebIndexHtmlSize), "text/html; charset=utf-8");
+    count(req.path, 200);
+  };
+  http.Get("/", page);
+  http.Get("/index.html", page);
+  http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    const json m = {{"id", o.model_id},
+                    {"object", "model"},
+                    {"created", std::chrono::duration_cast<std::chrono::seconds>(
+                                    std::chrono::system_clock::now().time_since_epoch())
+                                    .count()},
+                    {"owned_by", "barata"}};
+    res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(),
+                    "application/json");
+    count(req.path, 200);
+  });
+  http.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+    res.set_content(metrics_text(), "text/plain; version=0.0.4");
+    count(req.path, 200);
+  });
+  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_generate(req, res, Kind::kChat);
+  });
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_generate(req, res, Kind::kCompletion);
+  });
+}
+
+std::shared_ptr<Job> Server::Impl::parse_job(const json& body, Kind kind) {
+  if (!body.is_object()) bad_request("the request body must be a JSON object");
+  static const std::vector<std::string> kCommon = {
+      "model",         "stream",           "stream_options", "max_tokens",      "temperature",
+      "top_p",         "seed",             "stop",           "n",               "user",
+      "presence_penalty", "frequency_penalty", "logprobs",   "logit_bias"};
+  std::vector<std::string> known = kCommon;
+  if (kind == Kind::kChat) {
+    for (const char* k : {"messages", "max_completion_tokens", "top_logprobs", "tools",
+                          "tool_choice", "response_format", "parallel_tool_calls", "store",
+                          "metadata"})
+      known.push_back(k);
+  } else {
+    for (const char* k : {"prompt", "echo", "suffix", "best_of"}) known.push_back(k);
+  }
+  check_known(body, known);
+
+  auto job = std::make_shared<Job>();
+  job->kind = kind;
+  const json& model = field(body, "model");
+  if (!model.is_null() && !model.is_string()) bad_request("'model' must be a string", "model");
+  job->stream = boolean(body, "stream", false);
+  const json& so = field(body, "stream_options");
+  if (!so.is_null()) {
+    if (!so.is_object()) bad_request("'stream_options' must be an object", "stream_options");
+    for (auto it = so.begin(); it != so.end(); ++it)
+      if (it.key() != "include_usage")
+        bad_request(fmt::format("stream_options: unsupported field '{}'", it.key()),
+                    "stream_options");
+    job->include_usage = boolean(so, "include_usage", false);
+  }
+  only_default(body, "n", 1);
+  only_default(body, "presence_penalty", 0);
+  only_default(body, "frequency_penalty", 0);
+  only_default(body, "logit_bias", json::object());
+  const json& user = field(body, "user");
+  if (!user.is_null() && !user.is_string()) bad_request("'user' must be a string", "user");
+  if (kind == Kind::kChat) {
+    only_default(body, "logprobs", false);
+    only_default(body, "top_logprobs", 0);
+    only_default(body, "tools", json::array());
+    only_default(body, "tool_choice", "none");
+    only_default(body, "parallel_tool_calls", true);
+    only_default(body, "store", false);
+    const json& rf = field(body, "response_format");
+    if (!rf.is_null() && rf != json{{"type", "text"}})
+      bad_request("'response_format' other than {\"type\":\"text\"} is not supported",
+                  "response_format");
+  } else {
+    only_default(body, "logprobs", nullptr);
+    only_default(body, "echo", false);
+    only_default(body, "suffix", nullptr);
+    only_default(body, "best_of", 1);
+  }
+
+  SamplerOptions s = o.sampling;
+  if (auto t = number_in(body, "temperature", 0, 2)) s.temperature = static_cast<float>(*t);
+  if (auto p = number_in(body, "top_p", 0, 1)) {
+    if (*p == 0) bad_request("'top_p' must be above 0", "top_p");
+    s.top_p = static_cast<float>(*p);
+  }
+  if (auto seed = integer_in(body, "seed", std::numeric_limits<int64_t>::min(),
+                             std::numeric_limits<int64_t>::max())) {
+    s.seed = static_cast<uint64_t>(*seed);
+  } else {
+    static std::mutex rd_m;
+    static std::random_device rd;
+    std::lock_guard<std::mutex> l(rd_m);
+    s.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }
+  job->req.sampling = s;
+
+  std::optional<int64_t> max_tokens = integer_in(body, "max_tokens", 0, 1LL << 40);
+  if (kind == Kind::kChat)
+    if (auto m = integer_in(body, "max_completion_tokens", 0, 1LL << 40)) max_tokens = m;
+  if (max_tokens && *max_tokens == 0) bad_request("'max_tokens' must be at least 1", "max_tokens");
+  job->req.stop = parse_stop(body);
+
+  // The prompt.
+  const bool bos = tok->add_bos_default();
+  if (kind == Kind::kChat) {
+    std::vector<ChatMessage> msgs = parse_messages(body);
+    if (!o.chat_family)
+      bad_request(
+          "this model has no chat template barata knows; use /v1/completions, or start the "
+          "server with --chat-template");
+    const bool has_system = std::any_of(msgs.begin(), msgs.end(),
+                                        [](const ChatMessage& m) { return m.role == "system"; });
+    if (!has_system && !o.default_system.empty())
+      msgs.insert(msgs.begin(), ChatMessage{"system", o.default_system});
+    job->req.prompt = tok->encode(apply_chat_template(*o.chat_family, msgs, true), bos, true);
+  } else {
+    const json& p = field(body, "prompt");
+    if (p.is_string()) {
+      if (p.get<std::string>().empty()) bad_request("'prompt' is empty", "prompt");
+      job->req.prompt = tok->encode(p.get<std::string>(), bos, false);
+    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+      for (const json& t : p) {
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+            t.get<int64_t>() >= static_cast<int64_t>(tok->n_vocab()))
+          bad_request("'prompt' token ids must be integers inside the vocabulary", "prompt");
+        job->req.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      }
+    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+      job->req.prompt = tok->encode(p[0].get<std::string>(), bos, false);
+    } else {
+      bad_request("'prompt' must be a string, one string in an array, or an array of token ids",
+                  "prompt");
+    }
+    if (job->req.prompt.empty()) bad_request("'prompt' is empty", "prompt");
+  }
+  const auto n_prompt = static_cast<int64_t>(job->req.prompt.size());
+  if (n_prompt >= n_ctx)
+    bad_request(fmt::format("the prompt has {} tokens but the context holds {} (one more is "
+                            "needed for the reply)",
+                            n_prompt, n_ctx),
+                kind == Kind::kChat ? "messages" : "prompt", "context_length_exceeded");
+  if (n_prompt + 1 > pool_tokens)
+    bad_request(fmt::format("the prompt has {} tokens but the whole KV pool holds {}", n_prompt,
+                            pool_tokens),
+                kind == Kind::kChat ? "messages" : "prompt", "context_length_exceeded");
+  // Without max_tokens: until the context is full (finish_reason "length").
+  job->req.max_tokens = max_tokens ? *max_tokens : n_ctx - n_prompt;
+  job->created = std::chrono::duration_cast<std::chrono::seconds>(
+                     std::chrono::system_clock::now().time_since_epoch())
+                     .count();
+  job->id = fmt::format("{}-{}", kind == Kind::kChat ? "chatcmpl" : "cmpl", next_id++);
+  return job;
+}
+
+namespace {
+
+json usage_json(const Job& j) {
+  return {{"prompt_tokens", j.prompt_tokens},
+          {"completion_tokens", j.completion_tokens},
+          {"total_tokens", j.prompt_tokens + j.completion_tokens}};
+}
+
+json chunk_json(const Job& j, const std::string& model, const std::string* text,
+                const char* finish, bool first) {
+  json choice = {{"index", 0}};
+  if (j.kind == Kind::kChat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (text) delta["content"] = *text;
+    choice["delta"] = delta;
+    choice["logprobs"] = nullptr;
+  } else {
+    choice["text"] = text ? *text : std::string();
+    choice["logprobs"] = nullptr;
+  }
+  choice["finish_reason"] = finish ? json(finish) : json(nullptr);
+  return {{"id", j.id},
+          {"object", j.kind == Kind::kChat ? "chat.completion.chunk" : "text_completion"},
+          {"created", j.created},
+          {"model", model},
+          {"choices", json::array({choice})}};
+}
+
+std::string sse(const json& j) {
+  return "data: " + j.dump() + "\n\n";
+}
+
+}  // namespace
+
+void Server::Impl::handle_generate(const httplib::Request& req, httplib::Response& res,
+                                   Kind kind) {
+  const std::string endpoint = req.path;
+  std::shared_ptr<Job> job;
+  try {
+    if (!ready) throw ApiError{503, "the model is loading", "server_error", "", "loading"};
+    if (!accepting)
+      throw ApiError{503, "the server is shutting down", "server_error", "", "shutting_down"};
+    const std::string& ct = req.get_header_value("Content-Type");
+    if (!ct.empty() && ct.find("application/json") == std::string::npos)
+      bad_request(fmt::format("Content-Type must be application/json, not '{}'", ct));
+    json body;
+    try {
+      body = json::parse(req.body);
+    } catch (const json::parse_error& e) {
+      bad_request(fmt::format("the body is not valid JSON: {}", e.what()));
+    }
+    job = parse_job(body, kind);
+    job->t_arrival = Clock::now();
+    {
+      std::lock_guard<std::mutex> l(inbox_m);
+      const int64_t queued = waiting_published + static_cast<int64_t>(inbox.size());
+      if (queued >= o.max_queue) {
+        const int retry = retry_after_s(queued);
+        res.set_header("Retry-After", std::to_string(retry));
+        throw ApiError{429,
+                       fmt::format("{} requests are waiting for a slot (at most {}); retry in {} s",
+                                   queued, o.max_queue, retry),
+                       "rate_limit_error", "", "queue_full"};
+      }
+      inbox.push_back(job);
+    }
+    inbox_cv.notify_all();
+  } catch (const ApiError& e) {
+    send_error(res, e);
+    count(endpoint, e.status);
+    return;
+  } catch (const json::exception& e) {
+    send_error(res, {400, e.what(), "invalid_request_error", "", ""});
+    count(endpoint, 400);
+    return;
+  }
+
+  auto cancel = [this](const std::shared_ptr<Job>& j) {
+    if (j->cancelled.exchange(true)) return;
+    {
+      std::lock_guard<std::mutex> l(inbox_m);
+      to_cancel.push_back(j);
+    }
+    inbox_cv.notify_all();
+  };
+
+  if (!job->stream) {
+    std::unique_lock<std::mutex> l(job->m);
+    job->cv.wait(l, [&] { return job->done; });
+    if (job->finish == FinishReason::kError || job->finish == FinishReason::kCancelled) {
+      const bool draining = job->finish == FinishReason::kCancelled;
+      const ApiError e = draining ? ApiError{503, "cancelled: the server is shutting down",
+                                             "server_error", "", "shutting_down"}
+                                  : ApiError{400, job->error, "invalid_request_error", "", ""};
+      send_error(res, e);
+      count(endpoint, e.status);
+      return;
+    }
+    json choice = {{"index", 0}, {"finish_reason", openai_finish(job->finish)},
+                   {"logprobs", nullptr}};
+    if (kind == Kind::kChat)
+      choice["message"] = {{"role", "assistant"}, {"content", job->pending}};
+    else
+      choice["text"] = job->pending;
+    const json out = {{"id", job->id},
+                      {"object", kind == Kind::kChat ? "chat.completion" : "text_completion"},
+                      {"created", job->created},
+                      {"model", o.model_id},
+                      {"choices", json::array({choice})},
+                      {"usage", usage_json(*job)}};
+    res.set_content(out.dump(), "application/json");
+    count(endpoint, 200);
+    return;
+  }
+
+  // Streaming: this connection's thread waits for text and writes it; the
+  // engine thread only appends to job->pending.
+  count(endpoint, 200);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");  // nginx: pass the stream through unbuffered
+  auto first = std::make_shared<bool>(true);
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, job, first, cancel](size_t, httplib::DataSink& sink) {
+        std::string text;
+        bool done = false;
+        {
+          std::unique_lock<std::mutex> l(job->m);
+          // Wake now and then to notice a client that went away.
+          job->cv.wait_for(l, std::chrono::milliseconds(50),
+                           [&] { return job->done || !job->pending.empty(); });
+          text.swap(job->pending);
+          done = job->done;
+        }
+        if (!sink.is_writable()) {
+          cancel(job);
+          return false;
+        }
+        std::string out;
+        if (*first || !text.empty()) {
+          out += sse(chunk_json(*job, o.model_id, &text, nullptr, *first));
+          *first = false;
+        }
+        if (done) {
+          if (job->finish == FinishReason::kError || job->finish == FinishReason::kCancelled) {
+            const ApiError e =
+                job->finish == FinishReason::kCancelled
+                    ? ApiError{503, "cancelled: the server is shutting down", "server_error", "",
+                               "shutting_down"}
+                    : ApiError{400, job->error, "invalid_request_error", "", ""};
+            out += sse(error_body(e));
+          } else {
+            out += sse(chunk_json(*job, o.model_id, nullptr, openai_finish(job->finish), false));
+            if (job->include_usage) {
+              json u = chunk_json(*job, o.model_id, nullptr, nullptr, false);
+              u["choices"] = json::array();
+              u["usage"] = usage_json(*job);
+              out += sse(u);
+            }
+          }
+          out += "data: [DONE]\n\n";
+        }
+        if (!out.empty() && !sink.write(out.data(), out.size())) {
+          cancel(job);
+          return false;
+        }
+        if (done) sink.done();
+        return true;
+      },
+      [job, cancel](bool) {
+        // However the response ended: a request still running is cancelled.
+        bool done;
+        {
+          std::lock_guard<std::mutex> l(job->m);
+          done = job->done;
+        }
+        if (!done) cancel(job);
+      });
+}
+
+std::string Server::Impl::metrics_text() {
+  std::lock_guard<std::mutex> l(metrics_m);
+  std::string out;
+  auto gauge = [&out](const char* name, const char* help, const char* type, int64_t v) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
+  };
+  out += "# HELP barata_http_requests_total HTTP requests answered, by path and status\n"
+         "# TYPE barata_http_requests_total counter\n";
+  for (const auto& [k, v] : http_requests)
+    out += fmt::format("barata_http_requests_total{{path=\"{}\",status=\"{}\"}} {}\n",
+                       k.first.size() > 64 ? "other" : k.first, k.second, v);
+  gauge("barata_requests_finished_total", "Generation requests finished", "counter", finished);
+  gauge("barata_requests_cancelled_total", "Generation requests cancelled (client gone, drain)",
+        "counter", cancelled);
+  gauge("barata_requests_rejected_total", "Requests refused with 429 (queue full)", "counter",
+        rejected_429);
+  gauge("barata_prompt_tokens_total", "Prompt tokens of admitted requests", "counter",
+        prompt_tokens);
+  gauge("barata_generation_tokens_total", "Tokens generated", "counter", generated_tokens);
+  gauge("barata_steps_total", "Forward calls", "counter", steps);
+  gauge("barata_queue_depth", "Requests waiting for a slot", "gauge", queue_depth);
+  gauge("barata_slots_in_use", "Slots holding a sequence", "gauge", slots_in_use);
+  gauge("barata_slots_total", "Slots", "gauge", o.slots);
+  gauge("barata_kv_blocks_used", "KV blocks held by sequences", "gauge", kv_used);
+  gauge("barata_kv_blocks_free", "KV blocks free (cached prefix blocks included)", "gauge",
+        kv_total - kv_used);
+  gauge("barata_kv_blocks_cached", "Free KV blocks that hold a cached prefix", "gauge", kv_cached);
+  gauge("barata_prefix_cache_hit_tokens_total", "Prompt tokens taken from the prefix cache",
+        "counter", prefix_hit_tokens);
+  gauge("barata_prefix_cache_lookups_total", "Prefix-cache lookups", "counter", prefix_lookups);
+  gauge("barata_prefix_cache_hit_blocks_total", "Blocks found in the prefix cache", "counter",
+        prefix_hit_blocks);
+  ttft.write(out, "barata_time_to_first_token_seconds", "Arrival to first token");
+  latency.write(out, "barata_request_latency_seconds", "Arrival to last token");
+  return out;
+}
+
+void Server::Impl::engine_loop() {
+  SchedulerOptions so;
+  so.slots = o.slots;
+  so.max_batch_tokens = o.max_batch_tokens;
+  so.tokenizer = tok;
+  const Tokenizer* t = tok;
+  so.is_eog = [t](int32_t id) { return t->is_eog(id); };
+  const Clock::time_point zero = t0;
+  so.clock = [zero] { return seconds_since(zero); };
+  EngineSteps engine_steps(*engine);
+  Scheduler sch(engine_steps, so);
+
+  std::unordered_map<int, std::shared_ptr<Job>> live;  // scheduler id -> job
+  std::vector<int> to_forget;
+  sch.on_text = [&live](const Sequence& s, std::string_view text) {
+    auto it = live.find(s.id);
+    if (it == live.end()) return;
+    Job& j = *it->second;
+    {
+      std::lock_guard<std::mutex> l(j.m);
+      j.pending.append(text);
+    }
+    j.cv.notify_all();
+  };
+  sch.on_token = [this, &live](const Sequence& s, int32_t) {
+    if (s.output().size() != 1) return;
+    auto it = live.find(s.id);
+    if (it == live.end()) return;
+    std::lock_guard<std::mutex> l(metrics_m);
+    ttft.observe(seconds_since(it->second->t_arrival));
+  };
+  sch.on_finish = [this, &live, &to_forget](const Sequence& s) {
+    to_forget.push_back(s.id);
+    auto it = live.find(s.id);
+    if (it == live.end()) return;
+    std::shared_ptr<Job> j = it->second;
+    live.erase(it);
+    {
+      std::lock_guard<std::mutex> l(metrics_m);
+      if (s.finish == FinishReason::kCancelled) {
+        ++cancelled;
+      } else if (s.status == SeqStatus::kFinished) {
+        ++finished;
+        latency.observe(seconds_since(j->t_arrival));
+        completions.push_back(seconds_since(t0));
+        while (completions.size() > 32) completions.pop_front();
+      }
+    }
+    {
+      std::lock_guard<std::mutex> l(j->m);
+      j->done = true;
+      j->finish = s.status == SeqStatus::kFailed ? FinishReason::kError : s.finish;
+      j->error = s.error;
+      j->prompt_tokens = s.n_prompt;
+      j->completion_tokens = static_cast<int64_t>(s.output().size());
+    }
+    j->cv.notify_all();
+  };
+  auto finish_unsubmitted = [](const std::shared_ptr<Job>& j, FinishReason r) {
+    {
+      std::lock_guard<std::mutex> l(j->m);
+      j->done = true;
+      j->finish = r;
+    }
+    j->cv.notify_all();
+  };
+
+  auto publish = [&] {
+    const KvBlockManager& kv = engine->blocks();
+    std::lock_guard<std::mutex> l(metrics_m);
+    queue_depth = sch.n_waiting();
+    slots_in_use = sch.n_running();
+    kv_used = kv.blocks_in_use();
+    kv_total = kv.max_blocks();
+    kv_cached = kv.cached_blocks();
+    const SchedulerStats& st = sch.stats();
+    prefix_hit_tokens = st.prefix_hit_tokens;
+    prefix_lookups = st.prefix_lookups;
+    prefix_hit_blocks = st.prefix_hit_blocks;
+    generated_tokens = st.generated_tokens;
+    steps = st.steps;
+  };
+  publish();
+  ready = true;  // /health: ok, once the metrics hold the pool
+
+  double drain_deadline = -1;
+  bool cancelled_all = false;
+  for (;;) {
+    std::deque<std::shared_ptr<Job>> incoming;
+    std::vector<std::shared_ptr<Job>> cancels;
+    {
+      std::unique_lock<std::mutex> l(inbox_m);
+      if (sch.idle() && inbox.empty() && to_cancel.empty() && shutdown_req == 0)
+        inbox_cv.wait_for(l, std::chrono::milliseconds(50));
+      incoming.swap(inbox);
+      cancels.swap(to_cancel);
+    }
+    const int req = shutdown_req.load();
+    if (req != 0 && accepting) {
+      accepting = false;
+      drain_deadline = req == 2 ? 0 : seconds_since(t0) + o.drain_grace_s;
+      spdlog::info("serve: shutting down; {} requests running or waiting, {:.0f} s to finish",
+                   sch.n_running() + sch.n_waiting() + static_cast<int64_t>(incoming.size()),
+                   req == 2 ? 0.0 : o.drain_grace_s);
+    }
+    if (req == 2 && drain_deadline != 0) drain_deadline = 0;
+    for (auto& j : incoming) {
+      if (j->cancelled) {
+        finish_unsubmitted(j, FinishReason::kCancelled);
+        continue;
+      }
+      Request r = std::move(j->req);
+      r.id = j->id;
+      r.arrival_s = seconds_since(t0);
+      r.arrival_s = std::min(r.arrival_s, sch.now());
+      const int id = static_cast<int>(sch.n_sequences());
+      j->seq = id;
+      live[id] = j;  // before submit: a refused request finishes inside it
+      {
+        std::lock_guard<std::mutex> l(metrics_m);
+        prompt_tokens += static_cast<int64_t>(r.prompt.size());
+      }
+      const int got = sch.submit(std::move(r));
+      if (got != id) fail("internal: the scheduler numbered a request {} instead of {}", got, id);
+    }
+    for (auto& j : cancels)
+      if (j->seq >= 0 && !sch.sequence(j->seq).done()) sch.cancel(j->seq);
+    if (drain_deadline >= 0 && !cancelled_all && seconds_since(t0) >= drain_deadline) {
+      cancelled_all = true;
+      for (int64_t i = 0; i < sch.n_sequences(); ++i)
+        if (!sch.sequence(static_cast<int>(i)).done()) sch.cancel(static_cast<int>(i));
+    }
+    if (!sch.idle()) {
+      try {
+        const StepInfo info = sch.step();
+        (void)info;
+      } catch (const std::exception& e) {
+        // An engine failure fails every request in flight; the server goes on.
+        spdlog::error("serve: a step failed: {}", e.what());
+        for (int64_t i = 0; i < sch.n_sequences(); ++i)
+          if (!sch.sequence(static_cast<int>(i)).done()) sch.cancel(static_cast<int>(i));
+      }
+    }
+    for (int id : to_forget) sch.forget(id);
+    to_forget.clear();
+    publish();
+    {
+      std::lock_guard<std::mutex> l(inbox_m);
+      waiting_published = sch.n_waiting();
+    }
+    if (!accepting && sch.idle()) {
+      std::lock_guard<std::mutex> l(inbox_m);
+      if (inbox.empty()) break;
+    }
+  }
+  spdlog::info("serve: drained; {} requests finished, {} cancelled", finished, cancelled);
+}
+
+Server::Server(ServerOptions o) : impl_(std::make_unique<Impl>(std::move(o))) {
+  if (impl_->o.slots < 1) fail("serve: --slots is {} (need at least 1)", impl_->o.slots);
+  if (impl_->o.max_queue < 0) fail("serve: --max-queue is {}", impl_->o.max_queue);
+}
+
+Server::~Server() {
+  if (impl_->http.is_running()) impl_->http.stop();
+  if (impl_->http_thread.joinable()) impl_->http_thread.join();
+}
+
+int Server::listen() {
+  Impl& m = *impl_;
+  // A client gone mid-write must not kill the process.
+  std::signal(SIGPIPE, SIG_IGN);
+  m.setup_routes();
+  if (m.o.port == 0) {
+    m.port = m.http.bind_to_any_port(m.o.host);
+  } else {
+    m.port = m.http.bind_to_port(m.o.host, m.o.port) ? m.o.port : -1;
+  }
+  if (m.port < 0)
+    fail("serve: cannot listen on {}:{} (in use, or not an address of this machine)", m.o.host,
+         m.o.port);
+  m.http_thread = std::thread([&m] { m.http.listen_after_bind(); });
+  return m.port;
+}
+
+void Server::serve(Engine& engine, const Tokenizer& tok) {
+  Impl& m = *impl_;
+  if (m.port < 0) fail("internal: Server::serve before listen");
+  if (engine.blocks().blocks_in_use() != 0) fail("internal: Server::serve: the KV pool is in use");
+  m.engine = &engine;
+  m.tok = &tok;
+  m.n_ctx = engine.n_ctx();
+  m.pool_tokens = engine.blocks().max_tokens();
+  m.engine_loop();
+  m.http.stop();
+  if (m.http_thread.joinable()) m.http_thread.join();
+}
+
+void Server::set_chat(std::optional<ChatFamily> family, std::string default_system) {
+  if (impl_->ready) fail("internal: Server::set_chat after serve");
+  impl_->o.chat_family = family;
+  impl_->o.default_system = std::move(default_system);
+}
+
+void Server::shutdown() {
+  int expected = 0;
+  impl_->shutdown_req.compare_exchange_strong(expected, 1);
+}
+
+void Server::shutdown_now() {
+  impl_->shutdown_req = 2;
+}
+
+}  // namespace barata
