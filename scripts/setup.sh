@@ -10,7 +10,7 @@ PACKAGES=(
   clang clang-format libclang-rt-dev
   python3 python3-venv
   # barata serve's tests: nginx (scale-out), headless Chromium (the web page)
-  nginx chromium chromium-driver
+  nginx curl chromium chromium-driver
 )
 
 missing=()

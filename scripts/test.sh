@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs dependencies, fetches everything the tests read (the default model,
-# Qwen2.5-Coder-0.5B and 1.5B, llama.cpp's vocabulary sets), builds and runs every test
+# Qwen2.5-Coder-0.5B and 1.5B, llama.cpp's vocabulary sets, the Python
+# environment of barata serve's tests), builds and runs every test
 # with BARATA_REQUIRE_DATA=1, so that a test whose data is absent fails instead
 # of skipping. Ends with one summary line: how many tests ran, passed, failed
 # and skipped, and the skip reasons grouped; the skipped tests are listed in
@@ -14,6 +15,7 @@ MODE="${1:-release}"
 "$ROOT/scripts/fetch-qwen2.sh" >/dev/null
 "$ROOT/scripts/fetch-qwen2-1.5b.sh" >/dev/null
 "$ROOT/scripts/fetch-test-data.sh" >/dev/null
+"$ROOT/scripts/fetch-server-deps.sh" >/dev/null
 DIR="$("$ROOT/scripts/build.sh" "$MODE" | tail -n1)"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"

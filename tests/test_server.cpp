@@ -138,7 +138,8 @@ TEST(Server, HealthModelsPageMetrics) {
   EXPECT_NE(page->get_header_value("Content-Type").find("text/html"), std::string::npos);
   EXPECT_NE(page->body.find("<title>barata</title>"), std::string::npos);
   EXPECT_EQ(page->body.find("http://"), std::string::npos) << "the page loads nothing from outside";
-  EXPECT_EQ(page->body.find("https://"), std::string::npos) << "the page loads nothing from outside";
+  EXPECT_EQ(page->body.find("https://"), std::string::npos)
+      << "the page loads nothing from outside";
   EXPECT_EQ(s.metric("barata_slots_total"), 4);
   EXPECT_EQ(s.metric("barata_slots_in_use"), 0);
   EXPECT_GT(s.metric("barata_kv_blocks_free"), 0);
@@ -206,9 +207,9 @@ TEST(Server, ChatStreamsDeltasEndsWithUsageAndDone) {
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
   const std::string content = j["choices"][0]["message"]["content"];
-  const std::vector<int32_t> ids = s.tok.encode(
-      apply_chat_template(ChatFamily::kChatML, {{"user", "Tell me a story"}}, true),
-      s.tok.add_bos_default(), true);
+  const std::vector<int32_t> ids =
+      s.tok.encode(apply_chat_template(ChatFamily::kChatML, {{"user", "Tell me a story"}}, true),
+                   s.tok.add_bos_default(), true);
   EXPECT_EQ(j["usage"]["prompt_tokens"], ids.size());
   EXPECT_EQ(content, alone(stories(), ids, 10));
 
@@ -395,11 +396,12 @@ TEST(Server, DisconnectMidStreamCancelsAndFrees) {
   req.path = "/v1/completions";
   req.headers = {{"Content-Type", "application/json"}};
   // Greedy counting goes on until max_tokens.
-  req.body = json{{"prompt", "1, 2, 3, 4, 5, 6,"},
-                  {"max_tokens", 1500},
-                  {"temperature", 0},
-                  {"stream", true}}
-                 .dump();
+  req.body = json{
+      {"prompt", "1, 2, 3, 4, 5, 6,"},
+      {"max_tokens", 1500},
+      {"temperature", 0},
+      {"stream",
+       true}}.dump();
   std::string got;
   req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
     got.append(d, n);

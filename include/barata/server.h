@@ -30,7 +30,7 @@ struct ServerOptions {
   int slots = 4;    // sequences decoding at once
   // Requests waiting for a slot; one more gets 429 with Retry-After.
   int max_queue = 16;
-  int64_t max_batch_tokens = 512;    // rows per forward call
+  int64_t max_batch_tokens = 512;     // rows per forward call
   std::vector<std::string> api_keys;  // empty: no key asked for
   size_t max_body_bytes = 1 << 20;    // larger bodies get 413
   double drain_grace_s = 30;          // SIGTERM: running requests get this long, then are cancelled

@@ -57,8 +57,7 @@ json error_body(const ApiError& e) {
   return {{"error", err}};
 }
 
-[[noreturn]] void bad_request(std::string message, std::string param = "",
-                              std::string code = "") {
+[[noreturn]] void bad_request(std::string message, std::string param = "", std::string code = "") {
   throw ApiError{400, std::move(message), "invalid_request_error", std::move(param),
                  std::move(code)};
 }
@@ -241,9 +240,9 @@ std::vector<ChatMessage> parse_messages(const json& body) {
     std::string r = role.get<std::string>();
     if (r == "developer") r = "system";
     if (r != "system" && r != "user" && r != "assistant")
-      bad_request(fmt::format("{}.role '{}' is not one of system, developer, user, assistant",
-                              param, r),
-                  param + ".role");
+      bad_request(
+          fmt::format("{}.role '{}' is not one of system, developer, user, assistant", param, r),
+          param + ".role");
     for (auto it = m.begin(); it != m.end(); ++it)
       if (it.key() != "role" && it.key() != "content" && it.key() != "name")
         bad_request(fmt::format("{}: unsupported field '{}'", param, it.key()),
@@ -319,8 +318,7 @@ struct Server::Impl {
     for (const std::string& k : o.api_keys)
       if (key.size() == k.size()) {
         unsigned char diff = 0;  // no early exit on the first differing byte
-        for (size_t i = 0; i < k.size(); ++i)
-          diff |= static_cast<unsigned char>(key[i] ^ k[i]);
+        for (size_t i = 0; i < k.size(); ++i) diff |= static_cast<unsigned char>(key[i] ^ k[i]);
         if (diff == 0) return true;
       }
     return false;
@@ -344,9 +342,11 @@ void Server::Impl::setup_routes() {
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     const bool open = req.path == "/" || req.path == "/health" || req.path == "/index.html";
     if (!open && !authorized(req)) {
-      send_error(res, {401,
-                       o.api_keys.empty() ? "" : "Incorrect or missing API key (Authorization: Bearer KEY)",
-                       "invalid_request_error", "", "invalid_api_key"});
+      send_error(
+          res,
+          {401,
+           o.api_keys.empty() ? "" : "Incorrect or missing API key (Authorization: Bearer KEY)",
+           "invalid_request_error", "", "invalid_api_key"});
       count(req.path, 401);
       return httplib::Server::HandlerResponse::Handled;
     }
@@ -356,16 +356,16 @@ void Server::Impl::setup_routes() {
   // (404, 405, httplib's own 400 and 413).
   http.set_error_handler(httplib::Server::HandlerWithResponse(
       [this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    std::string msg = fmt::format("HTTP {} for {} {}", res.status, req.method, req.path);
-    if (res.status == 404) msg = fmt::format("no route {} {}", req.method, req.path);
-    if (res.status == 413)
-      msg = fmt::format("the request body exceeds {} bytes", o.max_body_bytes);
-    const int status = res.status;
-    send_error(res, {status, msg, "invalid_request_error", "", ""});
-    count(req.path, status);
-    return httplib::Server::HandlerResponse::Handled;
-  }));
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        std::string msg = fmt::format("HTTP {} for {} {}", res.status, req.method, req.path);
+        if (res.status == 404) msg = fmt::format("no route {} {}", req.method, req.path);
+        if (res.status == 413)
+          msg = fmt::format("the request body exceeds {} bytes", o.max_body_bytes);
+        const int status = res.status;
+        send_error(res, {status, msg, "invalid_request_error", "", ""});
+        count(req.path, status);
+        return httplib::Server::HandlerResponse::Handled;
+      }));
   http.set_exception_handler(
       [this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
         std::string what = "unknown error";
@@ -392,7 +392,8 @@ void Server::Impl::setup_routes() {
     count(req.path, res.status);
   });
   auto page = [this](const httplib::Request& req, httplib::Response& res) {
-    res.set_content(std::string(reinterpret_cast<const char*>(kWebIndexHtml), kWebIndexHtmlSize), "text/html; charset=utf-8");
+    res.set_content(std::string(reinterpret_cast<const char*>(kWebIndexHtml), kWebIndexHtmlSize),
+                    "text/html; charset=utf-8");
     count(req.path, 200);
   };
   http.Get("/", page);
@@ -422,15 +423,25 @@ void Server::Impl::setup_routes() {
 
 std::shared_ptr<Job> Server::Impl::parse_job(const json& body, Kind kind) {
   if (!body.is_object()) bad_request("the request body must be a JSON object");
-  static const std::vector<std::string> kCommon = {
-      "model",         "stream",           "stream_options", "max_tokens",      "temperature",
-      "top_p",         "seed",             "stop",           "n",               "user",
-      "presence_penalty", "frequency_penalty", "logprobs",   "logit_bias"};
+  static const std::vector<std::string> kCommon = {"model",
+                                                   "stream",
+                                                   "stream_options",
+                                                   "max_tokens",
+                                                   "temperature",
+                                                   "top_p",
+                                                   "seed",
+                                                   "stop",
+                                                   "n",
+                                                   "user",
+                                                   "presence_penalty",
+                                                   "frequency_penalty",
+                                                   "logprobs",
+                                                   "logit_bias"};
   std::vector<std::string> known = kCommon;
   if (kind == Kind::kChat) {
-    for (const char* k : {"messages", "max_completion_tokens", "top_logprobs", "tools",
-                          "tool_choice", "response_format", "parallel_tool_calls", "store",
-                          "metadata"})
+    for (const char* k :
+         {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+          "response_format", "parallel_tool_calls", "store", "metadata"})
       known.push_back(k);
   } else {
     for (const char* k : {"prompt", "echo", "suffix", "best_of"}) known.push_back(k);
@@ -492,10 +503,9 @@ std::shared_ptr<Job> Server::Impl::parse_job(const json& body, Kind kind) {
   }
   job->req.sampling = s;
 
-  std::optional<int64_t> max_tokens = integer_in(body, "max_tokens", 0, 1LL << 40);
+  std::optional<int64_t> max_tokens = integer_in(body, "max_tokens", 1, 1LL << 40);
   if (kind == Kind::kChat)
-    if (auto m = integer_in(body, "max_completion_tokens", 0, 1LL << 40)) max_tokens = m;
-  if (max_tokens && *max_tokens == 0) bad_request("'max_tokens' must be at least 1", "max_tokens");
+    if (auto m = integer_in(body, "max_completion_tokens", 1, 1LL << 40)) max_tokens = m;
   job->req.stop = parse_stop(body);
 
   // The prompt.
@@ -558,8 +568,8 @@ json usage_json(const Job& j) {
           {"total_tokens", j.prompt_tokens + j.completion_tokens}};
 }
 
-json chunk_json(const Job& j, const std::string& model, const std::string* text,
-                const char* finish, bool first) {
+json chunk_json(const Job& j, const std::string& model, const std::string* text, const char* finish,
+                bool first) {
   json choice = {{"index", 0}};
   if (j.kind == Kind::kChat) {
     json delta = json::object();
@@ -585,8 +595,7 @@ std::string sse(const json& j) {
 
 }  // namespace
 
-void Server::Impl::handle_generate(const httplib::Request& req, httplib::Response& res,
-                                   Kind kind) {
+void Server::Impl::handle_generate(const httplib::Request& req, httplib::Response& res, Kind kind) {
   const std::string endpoint = req.path;
   std::shared_ptr<Job> job;
   try {
@@ -649,8 +658,8 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
       count(endpoint, e.status);
       return;
     }
-    json choice = {{"index", 0}, {"finish_reason", openai_finish(job->finish)},
-                   {"logprobs", nullptr}};
+    json choice = {
+        {"index", 0}, {"finish_reason", openai_finish(job->finish)}, {"logprobs", nullptr}};
     if (kind == Kind::kChat)
       choice["message"] = {{"role", "assistant"}, {"content", job->pending}};
     else
@@ -696,11 +705,10 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
         }
         if (done) {
           if (job->finish == FinishReason::kError || job->finish == FinishReason::kCancelled) {
-            const ApiError e =
-                job->finish == FinishReason::kCancelled
-                    ? ApiError{503, "cancelled: the server is shutting down", "server_error", "",
-                               "shutting_down"}
-                    : ApiError{400, job->error, "invalid_request_error", "", ""};
+            const ApiError e = job->finish == FinishReason::kCancelled
+                                   ? ApiError{503, "cancelled: the server is shutting down",
+                                              "server_error", "", "shutting_down"}
+                                   : ApiError{400, job->error, "invalid_request_error", "", ""};
             out += sse(error_body(e));
           } else {
             out += sse(chunk_json(*job, o.model_id, nullptr, openai_finish(job->finish), false));
@@ -737,8 +745,9 @@ std::string Server::Impl::metrics_text() {
   auto gauge = [&out](const char* name, const char* help, const char* type, int64_t v) {
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
   };
-  out += "# HELP barata_http_requests_total HTTP requests answered, by path and status\n"
-         "# TYPE barata_http_requests_total counter\n";
+  out +=
+      "# HELP barata_http_requests_total HTTP requests answered, by path and status\n"
+      "# TYPE barata_http_requests_total counter\n";
   for (const auto& [k, v] : http_requests)
     out += fmt::format("barata_http_requests_total{{path=\"{}\",status=\"{}\"}} {}\n",
                        k.first.size() > 64 ? "other" : k.first, k.second, v);

@@ -67,7 +67,8 @@ int serve(ServeArgs& a) {
   o.model_id = a.alias.empty() ? std::filesystem::path(path).filename().string() : a.alias;
   // The KV pool: every slot can fill the context unless --kv-tokens says otherwise.
   ModelOptions mo = a.model;
-  if (mo.kv_tokens == 0) mo.kv_tokens = static_cast<int64_t>(o.slots) * (mo.n_ctx > 0 ? mo.n_ctx : 4096);
+  if (mo.kv_tokens == 0)
+    mo.kv_tokens = static_cast<int64_t>(o.slots) * (mo.n_ctx > 0 ? mo.n_ctx : 4096);
 
   Server server(o);
   const int port = server.listen();
@@ -88,10 +89,11 @@ int serve(ServeArgs& a) {
     if (!family)
       spdlog::warn("{}: no chat template barata knows; /v1/chat/completions answers 400", s.path);
     server.set_chat(family, system_prompt_or_default(a.system, s));
-    fmt::print("barata serve: ready: {} ({} threads, context {}, {} tokens of KV cache, chat "
-               "template {}), load {:.0f} ms\n",
-               o.model_id, s.engine.n_threads(), s.engine.n_ctx(), s.engine.blocks().max_tokens(),
-               family ? chat_family_name(*family) : "none", s.load_ms);
+    fmt::print(
+        "barata serve: ready: {} ({} threads, context {}, {} tokens of KV cache, chat "
+        "template {}), load {:.0f} ms\n",
+        o.model_id, s.engine.n_threads(), s.engine.n_ctx(), s.engine.blocks().max_tokens(),
+        family ? chat_family_name(*family) : "none", s.load_ms);
     std::fflush(stdout);
     server.serve(s.engine, s.tok);
     fmt::print("barata serve: stopped\n");
