@@ -5,10 +5,13 @@
 #include "barata/server.h"
 
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <condition_variable>
 #include <csignal>
@@ -935,6 +938,36 @@ void Server::Impl::engine_loop() {
   spdlog::info("serve: drained; {} requests finished, {} cancelled", finished, cancelled);
 }
 
+namespace {
+
+// Debian's compiled cpp-httplib (0.11) listens with a backlog of 5: in a
+// burst of more new connections the rest wait for their client's SYN retry,
+// a second later. listen() again on the bound socket raises it; httplib does
+// not hand out the socket, so it is found by its port.
+void raise_backlog(int port) {
+  for (int fd = 0; fd < 65536; ++fd) {
+    int accepting = 0;
+    socklen_t len = sizeof accepting;
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0) {
+      if (errno == EBADF && fd > 1024) break;
+      continue;
+    }
+    if (!accepting) continue;
+    sockaddr_storage ss{};
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl) != 0) continue;
+    int p = -1;
+    if (ss.ss_family == AF_INET) p = ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    if (ss.ss_family == AF_INET6) p = ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+    if (p == port) {
+      if (::listen(fd, SOMAXCONN) != 0) spdlog::warn("serve: cannot raise the listen backlog");
+      return;
+    }
+  }
+}
+
+}  // namespace
+
 Server::Server(ServerOptions o) : impl_(std::make_unique<Impl>(std::move(o))) {
   if (impl_->o.slots < 1) fail("serve: --slots is {} (need at least 1)", impl_->o.slots);
   if (impl_->o.max_queue < 0) fail("serve: --max-queue is {}", impl_->o.max_queue);
@@ -958,6 +991,7 @@ int Server::listen() {
   if (m.port < 0)
     fail("serve: cannot listen on {}:{} (in use, or not an address of this machine)", m.o.host,
          m.o.port);
+  raise_backlog(m.port);
   m.http_thread = std::thread([&m] { m.http.listen_after_bind(); });
   return m.port;
 }

@@ -32,6 +32,8 @@ PROMPTS = [
 
 def body_for(prompt, max_tokens, stream, chat=True):
     b = {"max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    if stream:
+        b["stream_options"] = {"include_usage": True}
     if chat:
         b["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -49,7 +51,7 @@ def request(url, body, hang_up=False, headers=None, timeout=300):
     h = {"Content-Type": "application/json", **(headers or {})}
     t0 = time.perf_counter()
     out = {"status": 0, "text": "", "finish": None, "ttft_s": None, "latency_s": None,
-           "retry_after": None, "error": None, "hung_up": False}
+           "retry_after": None, "error": None, "hung_up": False, "tokens": 0}
     try:
         conn.request("POST", path, json.dumps(body), h)
         r = conn.getresponse()
@@ -67,11 +69,13 @@ def request(url, body, hang_up=False, headers=None, timeout=300):
             out["text"] = c["message"]["content"] if chat else c["text"]
             out["finish"] = c["finish_reason"]
             u = j["usage"]
+            out["tokens"] = u["completion_tokens"]
             if u["total_tokens"] != u["prompt_tokens"] + u["completion_tokens"]:
                 out["error"] = f"usage does not add up: {u}"
             return out
         # SSE: "data: {...}" lines and blank lines, ending with data: [DONE].
         done = False
+        n_pieces = 0
         while True:
             line = r.readline()
             if not line:
@@ -90,8 +94,13 @@ def request(url, body, hang_up=False, headers=None, timeout=300):
             if "error" in j:
                 out["error"] = f"error event: {j}"
                 return out
+            if j.get("usage"):
+                out["tokens"] = j["usage"]["completion_tokens"]
+            if not j.get("choices"):
+                continue
             c = j["choices"][0]
             piece = (c.get("delta") or {}).get("content") if chat else c.get("text")
+            n_pieces += 1 if piece else 0
             if piece and out["ttft_s"] is None:
                 out["ttft_s"] = time.perf_counter() - t0
             out["text"] += piece or ""
@@ -101,6 +110,7 @@ def request(url, body, hang_up=False, headers=None, timeout=300):
                 out["hung_up"] = True
                 return out
         out["latency_s"] = time.perf_counter() - t0
+        out["tokens"] = out["tokens"] or n_pieces  # a server without include_usage
         if not done:
             out["error"] = "the stream ended without data: [DONE]"
         elif out["finish"] not in ("stop", "length"):
@@ -122,13 +132,13 @@ def pct(v, p):
 
 
 def run(url, n_requests=200, concurrency=32, seed=1, hang_up_rate=0.1, max_tokens=(8, 24),
-        baseline=True, headers=None, log=print):
+        baseline=True, headers=None, log=print, stream_rate=0.5):
     rng = random.Random(seed)
     jobs = []
     for i in range(n_requests):
         prompt = PROMPTS[rng.randrange(len(PROMPTS))]
         mt = rng.randint(*max_tokens)
-        stream = rng.random() < 0.5
+        stream = rng.random() < stream_rate
         hang = stream and rng.random() < hang_up_rate
         jobs.append((prompt, mt, stream, hang))
 
@@ -187,6 +197,8 @@ def run(url, n_requests=200, concurrency=32, seed=1, hang_up_rate=0.1, max_token
         "requests": n_requests, "concurrency": concurrency, "completed": ok, "rejected_429": rejected,
         "hung_up": hung, "problems": len(problems), "wall_s": wall,
         "requests_per_s": ok / wall if wall > 0 else 0,
+        "tokens": sum(r["tokens"] for r in done),
+        "tokens_per_s": sum(r["tokens"] for r in done) / wall if wall > 0 else 0,
         "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
         "latency_p50_s": pct(lat, 50), "latency_p99_s": pct(lat, 99),
         "latency_mean_s": statistics.mean(lat) if lat else float("nan"),
