@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "barata/engine.h"
+#include "barata/error.h"
 #include "barata/model.h"
 #include "barata/scheduler.h"
 #include "barata/server.h"
@@ -421,6 +422,19 @@ TEST(Server, DisconnectMidStreamCancelsAndFrees) {
   EXPECT_EQ(s.metric("barata_slots_in_use"), 0);
   EXPECT_EQ(s.metric("barata_kv_blocks_used"), 0);
   EXPECT_EQ(s.metric("barata_requests_finished_total"), 0);
+}
+
+TEST(Server, APortInUseIsAnError) {
+  TestServer s(stories());
+  ServerOptions o;
+  o.port = s.port;
+  Server second(o);
+  try {
+    second.listen();
+    FAIL() << "a second server listened on port " << s.port;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the port is in use"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Server, ShutdownDrainsRunningRequests) {

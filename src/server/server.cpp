@@ -5,8 +5,10 @@
 #include "barata/server.h"
 
 #include <httplib.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +17,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <csignal>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -966,6 +969,30 @@ void raise_backlog(int port) {
   }
 }
 
+// cpp-httplib binds with SO_REUSEPORT, so a second server on a port in use
+// would share it silently with the first. A plain bind first says whether
+// the port is free; "" when it is, else why not.
+std::string port_in_use(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
+    return fmt::format("cannot resolve the address '{}'", host);
+  std::string why;
+  const int fd = ::socket(res->ai_family, res->ai_socktype, res->ai_protocol);
+  if (fd >= 0) {
+    const int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0)
+      why = errno == EADDRINUSE ? std::string("the port is in use") : std::strerror(errno);
+    ::close(fd);
+  }
+  freeaddrinfo(res);
+  return why;
+}
+
 }  // namespace
 
 Server::Server(ServerOptions o) : impl_(std::make_unique<Impl>(std::move(o))) {
@@ -983,6 +1010,10 @@ int Server::listen() {
   // A client gone mid-write must not kill the process.
   std::signal(SIGPIPE, SIG_IGN);
   m.setup_routes();
+  if (m.o.port != 0) {
+    const std::string why = port_in_use(m.o.host, m.o.port);
+    if (!why.empty()) fail("serve: cannot listen on {}:{}: {}", m.o.host, m.o.port, why);
+  }
   if (m.o.port == 0) {
     m.port = m.http.bind_to_any_port(m.o.host);
   } else {

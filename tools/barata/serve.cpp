@@ -72,41 +72,41 @@ int serve(ServeArgs& a) {
 
   Server server(o);
   const int port = server.listen();
-  g_server = &server;
-  auto prev_term = std::signal(SIGTERM, on_signal);
-  auto prev_int = std::signal(SIGINT, on_signal);
+  // SIGTERM and Ctrl-C drain this server while it lives; then as before.
+  struct SignalGuard {
+    explicit SignalGuard(Server& s)
+        : term(std::signal(SIGTERM, on_signal)), intr(std::signal(SIGINT, on_signal)) {
+      g_server = &s;
+    }
+    ~SignalGuard() {
+      g_server = nullptr;
+      std::signal(SIGTERM, term);
+      std::signal(SIGINT, intr);
+    }
+    void (*term)(int);
+    void (*intr)(int);
+  } guard(server);
   fmt::print("barata serve: listening on http://{}:{} ({} slots, queue {}, {})\n", o.host, port,
              o.slots, o.max_queue, o.api_keys.empty() ? "no API key" : "API key required");
   std::fflush(stdout);
-  int rc = 0;
-  try {
-    Session s(mo);
-    std::optional<ChatFamily> family;
-    if (!a.chat_template.empty())
-      family = chat_family_from_name(a.chat_template);
-    else
-      family = detect_chat_family(s.tok.chat_template());
-    if (!family)
-      spdlog::warn("{}: no chat template barata knows; /v1/chat/completions answers 400", s.path);
-    server.set_chat(family, system_prompt_or_default(a.system, s));
-    fmt::print(
-        "barata serve: ready: {} ({} threads, context {}, {} tokens of KV cache, chat "
-        "template {}), load {:.0f} ms\n",
-        o.model_id, s.engine.n_threads(), s.engine.n_ctx(), s.engine.blocks().max_tokens(),
-        family ? chat_family_name(*family) : "none", s.load_ms);
-    std::fflush(stdout);
-    server.serve(s.engine, s.tok);
-    fmt::print("barata serve: stopped\n");
-  } catch (...) {
-    g_server = nullptr;
-    std::signal(SIGTERM, prev_term);
-    std::signal(SIGINT, prev_int);
-    throw;
-  }
-  g_server = nullptr;
-  std::signal(SIGTERM, prev_term);
-  std::signal(SIGINT, prev_int);
-  return rc;
+  Session s(mo);
+  std::optional<ChatFamily> family;
+  if (!a.chat_template.empty())
+    family = chat_family_from_name(a.chat_template);
+  else
+    family = detect_chat_family(s.tok.chat_template());
+  if (!family)
+    spdlog::warn("{}: no chat template barata knows; /v1/chat/completions answers 400", s.path);
+  server.set_chat(family, system_prompt_or_default(a.system, s));
+  fmt::print(
+      "barata serve: ready: {} ({} threads, context {}, {} tokens of KV cache, chat "
+      "template {}), load {:.0f} ms\n",
+      o.model_id, s.engine.n_threads(), s.engine.n_ctx(), s.engine.blocks().max_tokens(),
+      family ? chat_family_name(*family) : "none", s.load_ms);
+  std::fflush(stdout);
+  server.serve(s.engine, s.tok);
+  fmt::print("barata serve: stopped\n");
+  return 0;
 }
 
 }  // namespace
