@@ -286,6 +286,9 @@ struct Server::Impl {
   std::vector<std::shared_ptr<Job>> to_cancel;
   int64_t waiting_published = 0;  // the scheduler's queue, after the last step (inbox_m)
   std::atomic<int64_t> next_id{1};
+  // Streaming responses not yet written to their end: the drain waits for
+  // them before the listener stops (stopping ends a stream mid-chunk).
+  std::atomic<int64_t> open_streams{0};
 
   // Metrics (metrics_m).
   std::mutex metrics_m;
@@ -687,6 +690,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");  // nginx: pass the stream through unbuffered
   auto first = std::make_shared<bool>(true);
+  ++open_streams;
   res.set_chunked_content_provider(
       "text/event-stream",
       [this, job, first, cancel](size_t, httplib::DataSink& sink) {
@@ -734,7 +738,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
         if (done) sink.done();
         return true;
       },
-      [job, cancel](bool) {
+      [this, job, cancel](bool) {
         // However the response ended: a request still running is cancelled.
         bool done;
         {
@@ -742,6 +746,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
           done = job->done;
         }
         if (!done) cancel(job);
+        --open_streams;
       });
 }
 
@@ -881,8 +886,7 @@ void Server::Impl::engine_loop() {
       cancels.swap(to_cancel);
     }
     const int req = shutdown_req.load();
-    if (req != 0 && accepting) {
-      accepting = false;
+    if (req != 0 && drain_deadline < 0) {
       drain_deadline = req == 2 ? 0 : seconds_since(t0) + o.drain_grace_s;
       spdlog::info("serve: shutting down; {} requests running or waiting, {:.0f} s to finish",
                    sch.n_running() + sch.n_waiting() + static_cast<int64_t>(incoming.size()),
@@ -933,7 +937,7 @@ void Server::Impl::engine_loop() {
       std::lock_guard<std::mutex> l(inbox_m);
       waiting_published = sch.n_waiting();
     }
-    if (!accepting && sch.idle()) {
+    if (drain_deadline >= 0 && sch.idle()) {
       std::lock_guard<std::mutex> l(inbox_m);
       if (inbox.empty()) break;
     }
@@ -1036,6 +1040,9 @@ void Server::serve(Engine& engine, const Tokenizer& tok) {
   m.n_ctx = engine.n_ctx();
   m.pool_tokens = engine.blocks().max_tokens();
   m.engine_loop();
+  // Every request is done; let the streams write their last events.
+  for (int i = 0; i < 500 && m.open_streams > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   m.http.stop();
   if (m.http_thread.joinable()) m.http_thread.join();
 }
@@ -1047,11 +1054,14 @@ void Server::set_chat(std::optional<ChatFamily> family, std::string default_syst
 }
 
 void Server::shutdown() {
+  // New requests are refused from now on, not from the next step's end.
+  impl_->accepting = false;
   int expected = 0;
   impl_->shutdown_req.compare_exchange_strong(expected, 1);
 }
 
 void Server::shutdown_now() {
+  impl_->accepting = false;
   impl_->shutdown_req = 2;
 }
 
