@@ -2,6 +2,9 @@
 // over a committed tiny model (stories260K; the ChatML template is forced, the
 // file has none) or SmolLM2 where a request must outlive a disconnect.
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -435,6 +438,60 @@ TEST(Server, APortInUseIsAnError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("the port is in use"), std::string::npos) << e.what();
   }
+}
+
+// A client that reads nothing: its stream's writer blocks on the socket, in
+// its own thread, and the engine goes on generating its tokens and everyone
+// else's. 400 tokens are over 60 KB of events; the client's receive buffer
+// (4 KiB asked) and the server's send buffer (4 KiB asked, so not autotuned)
+// hold a few tens of KB at most, so the writer must block.
+TEST(Server, ASlowReaderDoesNotStallTheOthers) {
+  const auto smol = test::model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
+  BARATA_NEED_FETCHED(smol, test::fetch_script_for(smol));
+  ServerOptions o;
+  o.socket_send_buffer = 4096;
+  TestServer s(smol, o, 2048);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  const int small = 4096;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(s.port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const int64_t slow_tokens = 400;
+  const std::string body = json{
+      {"prompt", "1, 2, 3, 4, 5, 6,"},
+      {"max_tokens", slow_tokens},
+      {"temperature", 0},
+      {"stream", true}}.dump();
+  const std::string req =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+  // Another client meanwhile: served as usual.
+  httplib::Client c = s.client();
+  auto r = post(c, "/v1/completions", {{"prompt", "The sky is"}, {"max_tokens", 16}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  const double target = static_cast<double>(slow_tokens) +
+                        json::parse(r->body)["usage"]["completion_tokens"].get<double>();
+  // The slow stream's tokens are all generated although its client read none.
+  double generated = 0;
+  for (int i = 0; i < 1200 && generated < target; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    generated = s.metric("barata_generation_tokens_total");
+  }
+  EXPECT_GE(generated, target) << "the engine stalled behind a client that does not read";
+  double in_use = 1;
+  for (int i = 0; i < 100 && in_use != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    in_use = s.metric("barata_slots_in_use");
+  }
+  EXPECT_EQ(in_use, 0);
+  ::close(fd);
 }
 
 TEST(Server, ShutdownDrainsRunningRequests) {

@@ -35,7 +35,10 @@ struct ServerOptions {
   size_t max_body_bytes = 1 << 20;    // larger bodies get 413
   double drain_grace_s = 30;          // SIGTERM: running requests get this long, then are cancelled
   int http_threads = 0;               // 0: 64 + slots + max_queue
-  std::string model_id = "barata";    // what /v1/models lists and responses name
+  // SO_SNDBUF of every connection (set on the listening socket, which the
+  // accepted ones inherit); 0: the system's, autotuned.
+  int socket_send_buffer = 0;
+  std::string model_id = "barata";  // what /v1/models lists and responses name
   // Sampling when a request does not say (temperature and top_p it may set).
   SamplerOptions sampling;
   // The chat template; null: /v1/chat/completions answers 400.

@@ -344,6 +344,14 @@ void Server::Impl::setup_routes() {
   const int threads = o.http_threads > 0 ? o.http_threads : 64 + o.slots + o.max_queue;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http.set_payload_max_length(o.max_body_bytes);
+  // httplib's default adds SO_REUSEPORT, which lets a second server share the
+  // port; SO_REUSEADDR alone (restart over TIME_WAIT) is what a server wants.
+  const int sndbuf = o.socket_send_buffer;
+  http.set_socket_options([sndbuf](int sock) {
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    if (sndbuf > 0) setsockopt(sock, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+  });
   http.set_keep_alive_timeout(5);
   http.set_read_timeout(30);
   http.set_write_timeout(30);
@@ -973,9 +981,8 @@ void raise_backlog(int port) {
   }
 }
 
-// cpp-httplib binds with SO_REUSEPORT, so a second server on a port in use
-// would share it silently with the first. A plain bind first says whether
-// the port is free; "" when it is, else why not.
+// httplib's failed bind says nothing of why: a plain bind first names it.
+// "" when the port is free, else why not.
 std::string port_in_use(const std::string& host, int port) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
