@@ -244,6 +244,27 @@ TEST(Server, ChatStreamsDeltasEndsWithUsageAndDone) {
             j["choices"][0]["finish_reason"]);
 }
 
+// A conversation's second turn resends the first: its blocks come from the
+// prefix cache.
+TEST(Server, ASecondTurnReusesTheFirstTurnsBlocks) {
+  TestServer s(stories(), {}, 512);
+  httplib::Client c = s.client();
+  json msgs =
+      json::array({{{"role", "user"}, {"content", "Tell me a story about a cat and a dog"}}});
+  auto r1 = post(c, "/v1/chat/completions", {{"messages", msgs}, {"max_tokens", 20}});
+  ASSERT_TRUE(r1);
+  ASSERT_EQ(r1->status, 200);
+  const json j1 = json::parse(r1->body);
+  ASSERT_GE(j1["usage"]["prompt_tokens"].get<int>(), 32) << "two full blocks to share";
+  EXPECT_EQ(s.metric("barata_prefix_cache_hit_tokens_total"), 0);
+  msgs.push_back({{"role", "assistant"}, {"content", j1["choices"][0]["message"]["content"]}});
+  msgs.push_back({{"role", "user"}, {"content", "And then?"}});
+  auto r2 = post(c, "/v1/chat/completions", {{"messages", msgs}, {"max_tokens", 8}});
+  ASSERT_TRUE(r2);
+  ASSERT_EQ(r2->status, 200) << r2->body;
+  EXPECT_GE(s.metric("barata_prefix_cache_hit_tokens_total"), 32);
+}
+
 TEST(Server, StopStringsEndTheReplyWithFinishStop) {
   TestServer s(stories());
   httplib::Client c = s.client();

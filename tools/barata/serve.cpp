@@ -67,8 +67,7 @@ int serve(ServeArgs& a) {
   o.model_id = a.alias.empty() ? std::filesystem::path(path).filename().string() : a.alias;
   // The KV pool: every slot can fill the context unless --kv-tokens says otherwise.
   ModelOptions mo = a.model;
-  if (mo.kv_tokens == 0)
-    mo.kv_tokens = static_cast<int64_t>(o.slots) * (mo.n_ctx > 0 ? mo.n_ctx : 4096);
+  mo.kv_contexts = o.slots;
 
   Server server(o);
   const int port = server.listen();

@@ -104,7 +104,7 @@ Session::Session(const ModelOptions& o)
       n_ctx(o.n_ctx > 0 ? o.n_ctx : std::min<int64_t>(model.config().n_ctx_train, 4096)),
       engine(model, {.n_threads = o.n_threads,
                      .n_ctx = n_ctx,
-                     .cache_tokens = o.kv_tokens,
+                     .cache_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.kv_contexts * n_ctx,
                      .device = parse_device(o.device).value_or(DeviceKind::kCpu)}),
       load_ms(ms_since(t_start)) {
   spdlog::info("{}", plan::describe_kv_pool(engine.blocks().max_tokens(), engine.n_ctx(),
