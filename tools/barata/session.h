@@ -33,7 +33,7 @@ struct ModelOptions {
   int64_t n_ctx = 0;  // 0 = the model's training context, at most 4096
   int n_threads = 0;  // 0 = hardware threads
   std::string device = "cpu";
-  int64_t kv_tokens = 0;  // KV pool over all sequences; 0 = kv_contexts x the context size
+  int64_t kv_tokens = 0;    // KV pool over all sequences; 0 = kv_contexts x the context size
   int64_t kv_contexts = 1;  // without --kv-tokens: the pool holds this many full contexts
 };
 void add_model_options(CLI::App* sub, ModelOptions& o);
