@@ -632,6 +632,10 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     job->t_arrival = Clock::now();
     {
       std::lock_guard<std::mutex> l(inbox_m);
+      // Again under the lock: the drain ends once it sees the inbox empty
+      // after the signal, and a job queued later would never be answered.
+      if (!accepting)
+        throw ApiError{503, "the server is shutting down", "server_error", "", "shutting_down"};
       const int64_t queued = waiting_published + static_cast<int64_t>(inbox.size());
       if (queued >= o.max_queue) {
         const int retry = retry_after_s(queued);
