@@ -5,19 +5,13 @@
 #include "barata/server.h"
 
 #include <httplib.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cerrno>
 #include <cmath>
 #include <condition_variable>
 #include <csignal>
-#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -33,6 +27,8 @@
 #include "barata/error.h"
 #include "barata/scheduler.h"
 #include "barata/tokenizer.h"
+#include "listen_socket.h"
+#include "openai_request.h"
 
 namespace barata {
 
@@ -42,30 +38,11 @@ extern const size_t kWebIndexHtmlSize;
 
 namespace {
 
-using nlohmann::json;
+using namespace openai;  // ApiError, bad_request and the field checks
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// ---- errors in OpenAI's shape ---------------------------------------------------
-
-struct ApiError {
-  int status;
-  std::string message, type, param, code;
-};
-
-json error_body(const ApiError& e) {
-  json err = {{"message", e.message}, {"type", e.type}};
-  err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
-  err["code"] = e.code.empty() ? json(nullptr) : json(e.code);
-  return {{"error", err}};
-}
-
-[[noreturn]] void bad_request(std::string message, std::string param = "", std::string code = "") {
-  throw ApiError{400, std::move(message), "invalid_request_error", std::move(param),
-                 std::move(code)};
 }
 
 void send_error(httplib::Response& res, const ApiError& e) {
@@ -143,119 +120,6 @@ const char* openai_finish(FinishReason r) {
     default:
       return nullptr;
   }
-}
-
-// ---- request parsing ------------------------------------------------------------------
-
-const json& field(const json& body, const char* name) {
-  static const json kNull;
-  auto it = body.find(name);
-  return it == body.end() ? kNull : *it;
-}
-
-std::optional<double> number_in(const json& body, const char* name, double lo, double hi) {
-  const json& v = field(body, name);
-  if (v.is_null()) return std::nullopt;
-  if (!v.is_number()) bad_request(fmt::format("'{}' must be a number", name), name);
-  const double x = v.get<double>();
-  if (!(x >= lo && x <= hi))
-    bad_request(fmt::format("'{}' is {}, outside [{}, {}]", name, x, lo, hi), name);
-  return x;
-}
-
-std::optional<int64_t> integer_in(const json& body, const char* name, int64_t lo, int64_t hi) {
-  const json& v = field(body, name);
-  if (v.is_null()) return std::nullopt;
-  if (!v.is_number_integer()) bad_request(fmt::format("'{}' must be an integer", name), name);
-  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi))
-    bad_request(fmt::format("'{}' is {}, above {}", name, v.get<uint64_t>(), hi), name);
-  const int64_t x = v.get<int64_t>();
-  if (x < lo || x > hi)
-    bad_request(fmt::format("'{}' is {}, outside [{}, {}]", name, x, lo, hi), name);
-  return x;
-}
-
-bool boolean(const json& body, const char* name, bool dflt) {
-  const json& v = field(body, name);
-  if (v.is_null()) return dflt;
-  if (!v.is_boolean()) bad_request(fmt::format("'{}' must be a boolean", name), name);
-  return v.get<bool>();
-}
-
-// Fields OpenAI defines that barata accepts only at their default (or null).
-void only_default(const json& body, const char* name, const json& dflt) {
-  const json& v = field(body, name);
-  if (!v.is_null() && v != dflt)
-    bad_request(fmt::format("'{}' = {} is not supported (only {})", name, v.dump(), dflt.dump()),
-                name);
-}
-
-void check_known(const json& body, const std::vector<std::string>& known) {
-  for (auto it = body.begin(); it != body.end(); ++it)
-    if (std::find(known.begin(), known.end(), it.key()) == known.end())
-      bad_request(fmt::format("Unrecognized request argument supplied: {}", it.key()), it.key());
-}
-
-std::vector<std::string> parse_stop(const json& body) {
-  const json& v = field(body, "stop");
-  std::vector<std::string> out;
-  if (v.is_null()) return out;
-  if (v.is_string()) {
-    out.push_back(v.get<std::string>());
-  } else if (v.is_array()) {
-    if (v.size() > 4) bad_request("'stop' holds at most 4 strings", "stop");
-    for (const json& s : v) {
-      if (!s.is_string()) bad_request("'stop' must be a string or an array of strings", "stop");
-      out.push_back(s.get<std::string>());
-    }
-  } else {
-    bad_request("'stop' must be a string or an array of strings", "stop");
-  }
-  for (const std::string& s : out)
-    if (s.empty()) bad_request("'stop' strings must not be empty", "stop");
-  return out;
-}
-
-// A message's content: a string, or an array of {"type":"text","text":...} parts.
-std::string message_content(const json& c, size_t i) {
-  const std::string param = fmt::format("messages[{}].content", i);
-  if (c.is_string()) return c.get<std::string>();
-  if (c.is_array()) {
-    std::string out;
-    for (const json& part : c) {
-      if (!part.is_object() || field(part, "type") != "text" || !field(part, "text").is_string())
-        bad_request(fmt::format("{}: only text parts are supported", param), param);
-      out += part["text"].get<std::string>();
-    }
-    return out;
-  }
-  bad_request(fmt::format("{} must be a string or an array of text parts", param), param);
-}
-
-std::vector<ChatMessage> parse_messages(const json& body) {
-  const json& v = field(body, "messages");
-  if (!v.is_array()) bad_request("'messages' must be an array", "messages");
-  if (v.empty()) bad_request("'messages' must not be empty", "messages");
-  std::vector<ChatMessage> out;
-  for (size_t i = 0; i < v.size(); ++i) {
-    const json& m = v[i];
-    const std::string param = fmt::format("messages[{}]", i);
-    if (!m.is_object()) bad_request(fmt::format("{} must be an object", param), param);
-    const json& role = field(m, "role");
-    if (!role.is_string()) bad_request(fmt::format("{}.role must be a string", param), param);
-    std::string r = role.get<std::string>();
-    if (r == "developer") r = "system";
-    if (r != "system" && r != "user" && r != "assistant")
-      bad_request(
-          fmt::format("{}.role '{}' is not one of system, developer, user, assistant", param, r),
-          param + ".role");
-    for (auto it = m.begin(); it != m.end(); ++it)
-      if (it.key() != "role" && it.key() != "content" && it.key() != "name")
-        bad_request(fmt::format("{}: unsupported field '{}'", param, it.key()),
-                    param + "." + it.key());
-    out.push_back({r, message_content(field(m, "content"), i)});
-  }
-  return out;
 }
 
 }  // namespace
@@ -912,8 +776,7 @@ void Server::Impl::engine_loop() {
       }
       Request r = std::move(j->req);
       r.id = j->id;
-      r.arrival_s = seconds_since(t0);
-      r.arrival_s = std::min(r.arrival_s, sch.now());
+      r.arrival_s = sch.now();  // the scheduler's clock counts from t0 too
       const int id = static_cast<int>(sch.n_sequences());
       j->seq = id;
       live[id] = j;  // before submit: a refused request finishes inside it
@@ -933,8 +796,7 @@ void Server::Impl::engine_loop() {
     }
     if (!sch.idle()) {
       try {
-        const StepInfo info = sch.step();
-        (void)info;
+        sch.step();
       } catch (const std::exception& e) {
         // An engine failure fails every request in flight; the server goes on.
         spdlog::error("serve: a step failed: {}", e.what());
@@ -957,59 +819,6 @@ void Server::Impl::engine_loop() {
   spdlog::info("serve: drained; {} requests finished, {} cancelled", finished, cancelled);
 }
 
-namespace {
-
-// Debian's compiled cpp-httplib (0.11) listens with a backlog of 5: in a
-// burst of more new connections the rest wait for their client's SYN retry,
-// a second later. listen() again on the bound socket raises it; httplib does
-// not hand out the socket, so it is found by its port.
-void raise_backlog(int port) {
-  for (int fd = 0; fd < 65536; ++fd) {
-    int accepting = 0;
-    socklen_t len = sizeof accepting;
-    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0) {
-      if (errno == EBADF && fd > 1024) break;
-      continue;
-    }
-    if (!accepting) continue;
-    sockaddr_storage ss{};
-    socklen_t sl = sizeof ss;
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl) != 0) continue;
-    int p = -1;
-    if (ss.ss_family == AF_INET) p = ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-    if (ss.ss_family == AF_INET6) p = ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
-    if (p == port) {
-      if (::listen(fd, SOMAXCONN) != 0) spdlog::warn("serve: cannot raise the listen backlog");
-      return;
-    }
-  }
-}
-
-// httplib's failed bind says nothing of why: a plain bind first names it.
-// "" when the port is free, else why not.
-std::string port_in_use(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
-    return fmt::format("cannot resolve the address '{}'", host);
-  std::string why;
-  const int fd = ::socket(res->ai_family, res->ai_socktype, res->ai_protocol);
-  if (fd >= 0) {
-    const int yes = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0)
-      why = errno == EADDRINUSE ? std::string("the port is in use") : std::strerror(errno);
-    ::close(fd);
-  }
-  freeaddrinfo(res);
-  return why;
-}
-
-}  // namespace
-
 Server::Server(ServerOptions o) : impl_(std::make_unique<Impl>(std::move(o))) {
   if (impl_->o.slots < 1) fail("serve: --slots is {} (need at least 1)", impl_->o.slots);
   if (impl_->o.max_queue < 0) fail("serve: --max-queue is {}", impl_->o.max_queue);
@@ -1026,7 +835,7 @@ int Server::listen() {
   std::signal(SIGPIPE, SIG_IGN);
   m.setup_routes();
   if (m.o.port != 0) {
-    const std::string why = port_in_use(m.o.host, m.o.port);
+    const std::string why = net::port_in_use(m.o.host, m.o.port);
     if (!why.empty()) fail("serve: cannot listen on {}:{}: {}", m.o.host, m.o.port, why);
   }
   if (m.o.port == 0) {
@@ -1037,7 +846,7 @@ int Server::listen() {
   if (m.port < 0)
     fail("serve: cannot listen on {}:{} (in use, or not an address of this machine)", m.o.host,
          m.o.port);
-  raise_backlog(m.port);
+  net::raise_backlog(m.port);
   m.http_thread = std::thread([&m] { m.http.listen_after_bind(); });
   return m.port;
 }
