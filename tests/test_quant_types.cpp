@@ -14,6 +14,7 @@
 #include "barata/dtype.h"
 #include "barata/error.h"
 #include "barata/half.h"
+#include "cpu/isa.h"
 #include "cpu/matmul.h"
 #include "barata/quant_blocks.h"
 #include "cpu/thread_pool.h"
@@ -230,19 +231,36 @@ void check_kernel(ThreadPool& pool, DType t, int64_t k, int64_t n_rows, int64_t 
   }
 }
 
-TEST(QuantKernels, MatchFloat64ReferenceOnRandomShapes) {
+// Every test below runs once per instruction set (BARATA_ISA's names), forced
+// with set_cpu_isa; an ISA this CPU (or this build) lacks is skipped, saying so.
+class QuantKernelsIsa : public testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override {
+    if (!cpu_isa_available(GetParam()))
+      GTEST_SKIP() << "this CPU or build has no " << cpu_isa_name(GetParam())
+                   << " kernels (best here: " << cpu_isa_name(cpu_best_isa()) << ")";
+    saved_ = cpu_isa();
+    set_cpu_isa(GetParam());
+  }
+  void TearDown() override { set_cpu_isa(saved_); }
+  CpuIsa saved_ = CpuIsa::kScalar;
+};
+
+TEST_P(QuantKernelsIsa, OwnTypesMatchFloat64ReferenceOnRandomShapes) {
   ThreadPool pool(2);
   std::mt19937 rng(5);
   uint32_t seed = 100;
   for (DType t : kOwn) {
     const int64_t block = t == DType::I4_G128 ? 32 : t == DType::NF4_B64 ? 64 : 2;
-    // Shapes: block multiples (fast kernels), and for the per-row/per-tensor
-    // types rows that are not a multiple of 32 (d_ff 172 of the tiny models).
-    std::vector<int64_t> ks = {256, 1536};
-    if (block > 2) ks.insert(ks.end(), {block * 3, 576});
-    if (block == 2) ks.insert(ks.end(), {576, 172, 46});
+    // Shapes: block multiples (fast kernels: 576 is 9 AVX-512 units of 64,
+    // 96 is 1.5, which the AVX2 kernel takes), and for the per-row /
+    // per-tensor types rows that are not a multiple of 32 (d_ff 172 of the
+    // tiny models).
+    std::vector<int64_t> ks = {256, 1536, 576};
+    if (block > 2) ks.insert(ks.end(), {block * 3});
+    if (block == 2) ks.insert(ks.end(), {96, 172, 46});
     for (int64_t k : ks) {
-      for (int64_t n_tok : {1, 2, 5, 37}) {
+      for (int64_t n_tok : {1, 2, 3, 4, 5, 37}) {
         const int64_t n_rows = 1 + static_cast<int64_t>(rng() % 45);
         check_kernel(pool, t, k, n_rows, n_tok, seed++);
       }
@@ -252,22 +270,48 @@ TEST(QuantKernels, MatchFloat64ReferenceOnRandomShapes) {
 
 // llama.cpp's block types through the same check (their fast kernels and
 // the reference kernel for rows they cannot take).
-TEST(QuantKernels, LlamaCppTypesMatchFloat64Reference) {
+TEST_P(QuantKernelsIsa, LlamaCppTypesMatchFloat64Reference) {
   ThreadPool pool(2);
   std::mt19937 rng(9);
   uint32_t seed = 500;
   for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::IQ4_NL,
-                  DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16, DType::BF16}) {
-    for (int64_t k : {256, 512, 1536}) {
+                  DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32}) {
+    const bool k_quant = t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+    std::vector<int64_t> ks = {256, 512, 1536};
+    if (!k_quant) ks.insert(ks.end(), {96, 576});  // 1.5 and 9 units of 64
+    if (t == DType::F16 || t == DType::BF16 || t == DType::F32) ks.push_back(90);  // masked tail
+    for (int64_t k : ks) {
       // 2-8 tokens: the few-token register paths (a speculative verify pass);
       // 9 and 33: the wide paths.
-      for (int64_t n_tok : {1, 2, 3, 6, 8, 9, 33}) {
+      for (int64_t n_tok : {1, 2, 3, 4, 6, 8, 9, 33}) {
         const int64_t n_rows = 1 + static_cast<int64_t>(rng() % 37);
         check_kernel(pool, t, k, n_rows, n_tok, seed++);
       }
     }
   }
 }
+
+// The ISA asked for is the one whose kernels get bound, where it has one.
+TEST_P(QuantKernelsIsa, KernelsOfTheForcedIsaAreBound) {
+  const std::string suffix = std::string(".") + cpu_isa_name(GetParam());
+  const MatmulKernel& q4 = cpu_matmul_kernel(DType::Q4_0, 256);
+  EXPECT_TRUE(std::string(q4.name).ends_with(suffix)) << q4.name;
+  if (GetParam() == CpuIsa::kAvx512) {
+    for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q5_0, DType::Q8_0, DType::I4_G128,
+                    DType::I8_ROW, DType::F16, DType::BF16}) {
+      EXPECT_TRUE(std::string(cpu_matmul_kernel(t, 512).name).ends_with(".avx512"))
+          << cpu_matmul_kernel(t, 512).name;
+    }
+    // k = 96 is not whole 64-weight units: the AVX2 kernel takes it.
+    EXPECT_TRUE(std::string(cpu_matmul_kernel(DType::Q4_0, 96).name).ends_with(".avx2"))
+        << cpu_matmul_kernel(DType::Q4_0, 96).name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, QuantKernelsIsa, testing::ValuesIn(kAllCpuIsas),
+                         [](const testing::TestParamInfo<CpuIsa>& i) {
+                           return std::string(cpu_isa_name(i.param));
+                         });
 
 TEST(QuantKernels, FastKernelsAreBoundWhereTheyApply) {
   for (DType t : kOwn) {

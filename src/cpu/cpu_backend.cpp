@@ -5,9 +5,12 @@
 #include <cmath>
 #include <cstring>
 
+#include <spdlog/spdlog.h>
+
 #include "barata/error.h"
 #include "barata/half.h"
 #include "cpu/dot.h"
+#include "cpu/isa.h"
 #include "cpu/matmul.h"
 #include "cpu/thread_pool.h"
 
@@ -71,7 +74,9 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int n_threads)
       : pool_(std::make_unique<ThreadPool>(n_threads > 0 ? n_threads
-                                                         : ThreadPool::default_threads())) {}
+                                                         : ThreadPool::default_threads())) {
+    spdlog::info("cpu: {} threads, {}", pool_->size(), cpu_isa_report());
+  }
 
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   int n_threads() const override { return pool_->size(); }
@@ -174,7 +179,8 @@ class CpuBackend final : public Backend {
 
   DeviceReport report() const override {
     DeviceReport r;
-    r.name = "cpu: " + std::to_string(pool_->size()) + " threads";
+    r.name = "cpu: " + std::to_string(pool_->size()) + " threads, " + cpu_isa_name(cpu_isa()) +
+             " kernels";
     r.weight_bytes = model_ ? model_->weight_bytes() : 0;
     r.kv_pool_bytes = pool_kv_ ? pool_kv_->bytes() : 0;
     return r;
@@ -294,6 +300,7 @@ void CpuBackend::attention(int64_t layer, const float* q_all, float* att) {
   constexpr int64_t B = kKvBlockTokens;
   const KvLayout& L = pool_kv_->layout();
   const Batch& batch = *batch_;
+  const CpuVectorOps ops = cpu_vector_ops(cpu_isa());
 
   pool_->parallel_for(T * c.n_head, [&](int64_t i0, int64_t i1, int) {
     thread_local std::vector<float> scores;
@@ -308,7 +315,7 @@ void CpuBackend::attention(int64_t layer, const float* q_all, float* att) {
       for (int64_t b0 = 0; b0 < n; b0 += B) {
         const uint16_t* kb = pool_kv_->block(table[b0 / B]) + L.offset(layer, 0, 0) + kvh * hd;
         for (int64_t j = 0; j < std::min(B, n - b0); ++j) {
-          const float s = dot_f16_f32(kb + j * kv_dim, q, hd) * scale;
+          const float s = ops.dot_f16_f32(kb + j * kv_dim, q, hd) * scale;
           scores[b0 + j] = s;
           mx = std::max(mx, s);
         }
@@ -324,7 +331,7 @@ void CpuBackend::attention(int64_t layer, const float* q_all, float* att) {
       for (int64_t b0 = 0; b0 < n; b0 += B) {
         const uint16_t* vb = pool_kv_->block(table[b0 / B]) + L.offset(layer, 1, 0) + kvh * hd;
         for (int64_t j = 0; j < std::min(B, n - b0); ++j)
-          axpy_f16(scores[b0 + j] * inv, vb + j * kv_dim, o, hd);
+          ops.axpy_f16(scores[b0 + j] * inv, vb + j * kv_dim, o, hd);
       }
     }
   });

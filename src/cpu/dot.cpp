@@ -14,7 +14,7 @@
 #include <immintrin.h>
 #endif
 
-namespace barata {
+namespace barata::BARATA_ISA_NS {
 namespace {
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -288,4 +288,4 @@ BARATA_DOT_TILE(dot_tile_q8_0_q8) {
                                       ldy);
 }
 
-}  // namespace barata
+}  // namespace barata::BARATA_ISA_NS

@@ -21,7 +21,7 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
-namespace barata {
+namespace barata::BARATA_ISA_NS {
 namespace {
 
 using simd::dot_u8_s8;
@@ -316,6 +316,6 @@ BARATA_DOT_TILE(dot_tile_nf4_f32) {
   }
 }
 
-}  // namespace barata
+}  // namespace barata::BARATA_ISA_NS
 
 #endif

@@ -19,7 +19,7 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
-namespace barata {
+namespace barata::BARATA_ISA_NS {
 namespace {
 
 using simd::hsum;
@@ -301,6 +301,6 @@ BARATA_DOT_TILE(dot_tile_q6_k_q8) {
   tile<Q6_KDec>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
 }
 
-}  // namespace barata
+}  // namespace barata::BARATA_ISA_NS
 
 #endif

@@ -7,6 +7,7 @@
 
 #include "barata/error.h"
 #include "dot.h"
+#include "isa.h"
 #include "thread_pool.h"
 
 namespace barata {
@@ -17,6 +18,7 @@ namespace {
 void dot_tile_dequant(DequantizeRowFn deq, const uint8_t* w, size_t row_bytes, int64_t n_rows,
                       int64_t k, const uint8_t* acts, size_t act_stride, int64_t n_tokens,
                       float* out, size_t ldy) {
+  const auto dot_f32 = cpu_vector_ops(cpu_isa()).dot_f32;
   thread_local std::vector<float> row;
   if (static_cast<int64_t>(row.size()) < k) row.resize(static_cast<size_t>(k));
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -28,7 +30,9 @@ void dot_tile_dequant(DequantizeRowFn deq, const uint8_t* w, size_t row_bytes, i
 }
 
 template <DType T>
-BARATA_DOT_TILE(dot_tile_generic) {
+void dot_tile_generic(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                      const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                      size_t ldy) {
   dot_tile_dequant(dtype_traits(T).dequantize_row, w, row_bytes, n_rows, k, acts, act_stride,
                    n_tokens, out, ldy);
 }
@@ -59,29 +63,6 @@ const std::array kReference = {
     BARATA_GENERIC(NF4_B64, "nf4_b64.dequant.f32"),
 };
 
-// Fast kernels where they exist; everything else falls back to the reference.
-const std::array kFast = {
-    MatmulKernel{DType::F32, "f32.f32" BARATA_DOT_ISA, ActFormat::kF32, dot_tile_f32},
-    MatmulKernel{DType::F16, "f16.f32" BARATA_DOT_ISA, ActFormat::kF32, dot_tile_f16},
-    MatmulKernel{DType::Q4_0, "q4_0.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q4_0_q8},
-    MatmulKernel{DType::Q4_1, "q4_1.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q4_1_q8},
-    MatmulKernel{DType::Q8_0, "q8_0.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q8_0_q8},
-#if defined(BARATA_HAVE_BARATA_QUANT_KERNELS)
-    MatmulKernel{DType::I8_TENSOR, "i8_tensor.q8.avx2", ActFormat::kQ8, dot_tile_i8_tensor_q8},
-    MatmulKernel{DType::I8_ROW, "i8_row.q8.avx2", ActFormat::kQ8, dot_tile_i8_row_q8},
-    MatmulKernel{DType::I4_TENSOR, "i4_tensor.q8.avx2", ActFormat::kQ8, dot_tile_i4_tensor_q8},
-    MatmulKernel{DType::I4_ROW, "i4_row.q8.avx2", ActFormat::kQ8, dot_tile_i4_row_q8},
-    MatmulKernel{DType::I4_G128, "i4_g128.q8.avx2", ActFormat::kQ8, dot_tile_i4_g128_q8},
-    MatmulKernel{DType::NF4_B64, "nf4_b64.f32.avx2", ActFormat::kF32, dot_tile_nf4_f32},
-    MatmulKernel{DType::Q5_0, "q5_0.q8.avx2", ActFormat::kQ8, dot_tile_q5_0_q8},
-    MatmulKernel{DType::Q5_1, "q5_1.q8.avx2", ActFormat::kQ8, dot_tile_q5_1_q8},
-    MatmulKernel{DType::IQ4_NL, "iq4_nl.q8.avx2", ActFormat::kQ8, dot_tile_iq4_nl_q8},
-    MatmulKernel{DType::Q4_K, "q4_k.q8.avx2", ActFormat::kQ8, dot_tile_q4_k_q8},
-    MatmulKernel{DType::Q5_K, "q5_k.q8.avx2", ActFormat::kQ8, dot_tile_q5_k_q8},
-    MatmulKernel{DType::Q6_K, "q6_k.q8.avx2", ActFormat::kQ8, dot_tile_q6_k_q8},
-#endif
-};
-
 }  // namespace
 
 const MatmulKernel& cpu_reference_kernel(DType t) {
@@ -90,10 +71,19 @@ const MatmulKernel& cpu_reference_kernel(DType t) {
   fail("no CPU matmul kernel for type {}", dtype_name(t));
 }
 
-const MatmulKernel& cpu_matmul_kernel(DType t, int64_t k) {
-  for (const auto& kern : kFast)
-    if (kern.type == t && (kern.act != ActFormat::kQ8 || k % 32 == 0)) return kern;
+const MatmulKernel& cpu_matmul_kernel(DType t, int64_t k, CpuIsa isa) {
+  if (!cpu_isa_available(isa)) fail("internal: CPU kernels of {} asked for", cpu_isa_name(isa));
+  // This ISA's kernel, else the next lower ISA's, else the reference.
+  for (int i = static_cast<int>(isa); i >= 0; --i) {
+    const CpuKernelSet& set = cpu_kernel_set(static_cast<CpuIsa>(i));
+    for (size_t j = 0; j < set.n_matmul; ++j)
+      if (set.matmul[j].type == t && set.matmul[j].takes(k)) return set.matmul[j];
+  }
   return cpu_reference_kernel(t);
+}
+
+const MatmulKernel& cpu_matmul_kernel(DType t, int64_t k) {
+  return cpu_matmul_kernel(t, k, cpu_isa());
 }
 
 WeightView make_weight_view(DType type, int64_t k, int64_t n_rows, const uint8_t* tensor_data) {

@@ -41,12 +41,20 @@ struct MatmulKernel {
   const char* name;  // e.g. "q4_1.q8.avx2", "q6_k.dequant.f32"
   ActFormat act;
   DotTileFn dot_tile;
+  int64_t k_multiple = 0;  // rows must be a multiple of this long (0: 32 for kQ8, any for kF32)
+  bool takes(int64_t k) const {
+    const int64_t m = k_multiple != 0 ? k_multiple : act == ActFormat::kQ8 ? 32 : 1;
+    return k % m == 0;
+  }
 };
 
 // The kernel bound to weights of type t with rows of k on this CPU (the
 // 8-bit-activation kernels need k to be a multiple of 32; other rows get the
 // reference kernel).
 const MatmulKernel& cpu_matmul_kernel(DType t, int64_t k);
+// The same for a given instruction set (which must be available: isa.h).
+enum class CpuIsa;
+const MatmulKernel& cpu_matmul_kernel(DType t, int64_t k, CpuIsa isa);
 // The generic kernel (dequantize a row, fp32 dot) for any type: the reference
 // that the fast kernels are tested against.
 const MatmulKernel& cpu_reference_kernel(DType t);

@@ -7,7 +7,7 @@
 #include <immintrin.h>
 #endif
 
-namespace barata::simd {
+namespace barata::BARATA_ISA_NS::simd {
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 inline float hsum(__m256 v) {
@@ -32,4 +32,4 @@ inline __m256 dot_u8_s8(__m256i u, __m256i s) {
 }
 #endif
 
-}  // namespace barata::simd
+}  // namespace barata::BARATA_ISA_NS::simd

@@ -1,0 +1,541 @@
+// AVX-512 kernels (F, BW, VL, DQ and VNNI), built only into the avx512 copy.
+//
+// Quantized types: the weights are read 64 at a time (one "unit": two 32-wide
+// activation blocks) and turned into 64 unsigned bytes q with, per 4-byte
+// lane, a scale dv and for some types a min mv, such that each weight is
+//     w = dv * (q - kOffset)        (Q4_0, Q5_0, Q8_0, IQ4_NL, Q6_K, int8/int4)
+//     w = dv * q + mv               (Q4_1, Q5_1, Q4_K, Q5_K: kMin)
+// vpdpbusd multiplies the 64 q by the activation's 64 int8 values and sums
+// each 4 into 16 int32 lanes: exact integers. The offset rides in the same
+// instruction as its accumulator input (-kOffset * the lane's sum of x); the
+// mins go through one more FMA with d_x * (the lane's sum of x). A lane's 4
+// weights share one activation block, so d_x is a per-lane vector too.
+//
+// Tiles: R rows x T tokens in registers (R = 4, T up to 4), so each weight
+// unit is decoded once for T tokens and each activation unit loaded once for
+// R rows. Every output is one accumulator chain whose operations do not
+// depend on R, T or the tile's position, so prefill, decode and any batch
+// width give the same bits.
+//
+// Float types (F32, F16, BF16, fp32 activations): the same tiling, 16 weights
+// per step, widened in registers; the row's tail goes through masked loads.
+#include <cstring>
+
+#include "barata/half.h"
+#include "barata/quant_blocks.h"
+#include "dot.h"
+
+#if defined(BARATA_HAVE_AVX512_KERNELS)
+#include <immintrin.h>
+
+#include <algorithm>
+
+// GCC 12's _mm512_cast*256*512 read an "undefined" register that it then warns about.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace barata::BARATA_ISA_NS {
+namespace {
+
+inline const BlockQ8Act* act_row(const uint8_t* acts, size_t stride, int64_t t) {
+  return reinterpret_cast<const BlockQ8Act*>(acts + t * stride);
+}
+
+inline __m256i load256(const void* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+inline __m128i load128(const void* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+
+// a in lanes 0..7, b in lanes 8..15.
+inline __m512 halves(float a, float b) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
+}
+
+// 32 bytes holding two runs of Q4_0-style nibbles (bytes 0..15: run a, 16..31:
+// run b; a byte's low nibble is element j, its high one element j + 16)
+// -> 64 bytes in element order: lo a, hi a, lo b, hi b.
+inline __m512i spread_runs(__m256i ab) {
+  const __m512i z = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
+                                             _mm512_castsi256_si512(ab));
+  return _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
+                          _mm512_set1_epi8(0x0f));
+}
+inline __m512i nibble_runs(const uint8_t* a, const uint8_t* b) {
+  return spread_runs(_mm256_inserti128_si256(_mm256_castsi128_si256(load128(a)), load128(b), 1));
+}
+// 32 bytes whose low nibbles are elements 0..31 and high nibbles 32..63.
+inline __m512i split_nibbles(__m256i v) {
+  const __m512i z = _mm512_broadcast_i64x4(v);
+  return _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)),
+                          _mm512_set1_epi8(0x0f));
+}
+inline __m512i join(const void* a, const void* b) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(b), 1);
+}
+inline uint32_t read_u32(const void* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline float read_f32(const void* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// ---- decoders: unit u (weights 64u .. 64u + 63) of one row --------------------------
+struct Unit {
+  __m512i q;
+  __m512 dv;
+  __m512 mv;  // kMin types only
+};
+
+struct Q4_0D {
+  static constexpr bool kMin = false;
+  static constexpr int kOffset = 8;
+  const BlockQ4_0* b;
+  Q4_0D(const uint8_t* row, int64_t) : b(reinterpret_cast<const BlockQ4_0*>(row)) {}
+  const void* at(int64_t u) const { return b + 2 * u; }
+  void unit(int64_t u, Unit& o) const {
+    const BlockQ4_0* x = b + 2 * u;
+    o.q = nibble_runs(x[0].qs, x[1].qs);
+    o.dv = halves(fp16_to_fp32(x[0].d), fp16_to_fp32(x[1].d));
+  }
+};
+
+struct Q4_1D {
+  static constexpr bool kMin = true;
+  static constexpr int kOffset = 0;
+  const BlockQ4_1* b;
+  Q4_1D(const uint8_t* row, int64_t) : b(reinterpret_cast<const BlockQ4_1*>(row)) {}
+  const void* at(int64_t u) const { return b + 2 * u; }
+  void unit(int64_t u, Unit& o) const {
+    const BlockQ4_1* x = b + 2 * u;
+    o.q = nibble_runs(x[0].qs, x[1].qs);
+    o.dv = halves(fp16_to_fp32(x[0].d), fp16_to_fp32(x[1].d));
+    o.mv = halves(fp16_to_fp32(x[0].m), fp16_to_fp32(x[1].m));
+  }
+};
+
+// The fifth bits of two blocks (32 each, bit i = element i) added as 16.
+inline __m512i add_fifth(__m512i q, uint32_t qa, uint32_t qb) {
+  const __mmask64 m = static_cast<__mmask64>(qa) | (static_cast<__mmask64>(qb) << 32);
+  return _mm512_mask_add_epi8(q, m, q, _mm512_set1_epi8(16));
+}
+
+struct Q5_0D {
+  static constexpr bool kMin = false;
+  static constexpr int kOffset = 16;
+  const BlockQ5_0* b;
+  Q5_0D(const uint8_t* row, int64_t) : b(reinterpret_cast<const BlockQ5_0*>(row)) {}
+  const void* at(int64_t u) const { return b + 2 * u; }
+  void unit(int64_t u, Unit& o) const {
+    const BlockQ5_0* x = b + 2 * u;
+    o.q = add_fifth(nibble_runs(x[0].qs, x[1].qs), read_u32(x[0].qh), read_u32(x[1].qh));
+    o.dv = halves(fp16_to_fp32(x[0].d), fp16_to_fp32(x[1].d));
+  }
+};
+
+struct Q5_1D {
+  static constexpr bool kMin = true;
+  static constexpr int kOffset = 0;
+  const BlockQ5_1* b;
+  Q5_1D(const uint8_t* row, int64_t) : b(reinterpret_cast<const BlockQ5_1*>(row)) {}
+  const void* at(int64_t u) const { return b + 2 * u; }
+  void unit(int64_t u, Unit& o) const {
+    const BlockQ5_1* x = b + 2 * u;
+    o.q = add_fifth(nibble_runs(x[0].qs, x[1].qs), read_u32(x[0].qh), read_u32(x[1].qh));
+    o.dv = halves(fp16_to_fp32(x[0].d), fp16_to_fp32(x[1].d));
+    o.mv = halves(fp16_to_fp32(x[0].m), fp16_to_fp32(x[1].m));
+  }
+};
+
+struct Q8_0D {
+  static constexpr bool kMin = false;
+  static constexpr int kOffset = 128;  // q = stored int8 + 128
+  const BlockQ8_0* b;
+  Q8_0D(const uint8_t* row, int64_t) : b(reinterpret_cast<const BlockQ8_0*>(row)) {}
+  const void* at(int64_t u) const { return b + 2 * u; }
+  void unit(int64_t u, Unit& o) const {
+    const BlockQ8_0* x = b + 2 * u;
+    o.q = _mm512_xor_si512(join(x[0].qs, x[1].qs), _mm512_set1_epi8(static_cast<char>(0x80)));
+    o.dv = halves(fp16_to_fp32(x[0].d), fp16_to_fp32(x[1].d));
+  }
+};
+
+struct IQ4_NLD {
+  static constexpr bool kMin = false;
+  static constexpr int kOffset = 128;  // q = code book value + 128
+  const BlockIQ4_NL* b;
+  __m512i table;
+  IQ4_NLD(const uint8_t* row, int64_t) : b(reinterpret_cast<const BlockIQ4_NL*>(row)) {
+    alignas(16) uint8_t t[16];
+    for (int i = 0; i < 16; ++i) t[i] = static_cast<uint8_t>(kIQ4NLValues[i] + 128);
+    table = _mm512_broadcast_i32x4(load128(t));
+  }
+  const void* at(int64_t u) const { return b + 2 * u; }
+  void unit(int64_t u, Unit& o) const {
+    const BlockIQ4_NL* x = b + 2 * u;
+    o.q = _mm512_shuffle_epi8(table, nibble_runs(x[0].qs, x[1].qs));
+    o.dv = halves(fp16_to_fp32(x[0].d), fp16_to_fp32(x[1].d));
+  }
+};
+
+// The 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block (the
+// packing of llama.cpp's get_scale_min_k4).
+inline void scale_min(const uint8_t* q, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Q4_K / Q5_K: unit j (0..3) of a super-block is sub-blocks 2j and 2j + 1,
+// the low and high nibbles of qs[32j .. 32j + 31]; Q5_K's fifth bits are bits
+// 2j and 2j + 1 of qh[0..31].
+template <typename Block, bool kFifth>
+struct KNibD {
+  static constexpr bool kMin = true;
+  static constexpr int kOffset = 0;
+  const Block* b;
+  KNibD(const uint8_t* row, int64_t) : b(reinterpret_cast<const Block*>(row)) {}
+  const void* at(int64_t u) const { return reinterpret_cast<const uint8_t*>(b + u / 4); }
+  void unit(int64_t u, Unit& o) const {
+    const Block& x = b[u / 4];
+    const int j = static_cast<int>(u % 4);
+    __m512i q = split_nibbles(load256(x.qs + 32 * j));
+    if constexpr (kFifth) {
+      const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * j))),
+                                              _mm256_set1_epi8(static_cast<char>(2 << (2 * j))), 1);
+      const __mmask64 m = _mm512_test_epi8_mask(_mm512_broadcast_i64x4(load256(x.qh)), bits);
+      q = _mm512_mask_add_epi8(q, m, q, _mm512_set1_epi8(16));
+    }
+    o.q = q;
+    int sc0, m0, sc1, m1;
+    scale_min(x.scales, 2 * j, sc0, m0);
+    scale_min(x.scales, 2 * j + 1, sc1, m1);
+    const float d = fp16_to_fp32(x.d), dmin = fp16_to_fp32(x.dmin);
+    o.dv = halves(d * static_cast<float>(sc0), d * static_cast<float>(sc1));
+    o.mv = halves(-dmin * static_cast<float>(m0), -dmin * static_cast<float>(m1));
+  }
+};
+using Q4_KD = KNibD<BlockQ4_K, false>;
+using Q5_KD = KNibD<BlockQ5_K, true>;
+
+// Q6_K: unit p (0..3) of a super-block is chunks 2p and 2p + 1 of 32: low 4
+// bits from ql[64h .. 64h + 63] >> 4(p % 2), high 2 bits from qh[32h + l] >>
+// 2j for j = 2(p % 2) and 2(p % 2) + 1, h = p / 2; 16 sub-blocks of 16 with
+// int8 scales, 4 per unit (4 lanes each).
+struct Q6_KD {
+  static constexpr bool kMin = false;
+  static constexpr int kOffset = 32;
+  const BlockQ6_K* b;
+  Q6_KD(const uint8_t* row, int64_t) : b(reinterpret_cast<const BlockQ6_K*>(row)) {}
+  const void* at(int64_t u) const { return reinterpret_cast<const uint8_t*>(b + u / 4); }
+  void unit(int64_t u, Unit& o) const {
+    const BlockQ6_K& x = b[u / 4];
+    const int p = static_cast<int>(u % 4), h = p / 2, s = p % 2;
+    const __m512i lo = _mm512_and_si512(
+        _mm512_srl_epi16(_mm512_loadu_si512(x.ql + 64 * h), _mm_cvtsi32_si128(4 * s)),
+        _mm512_set1_epi8(0x0f));
+    const int j0 = 2 * s;
+    const __m512i hi = _mm512_and_si512(
+        _mm512_srlv_epi64(_mm512_broadcast_i64x4(load256(x.qh + 32 * h)),
+                          _mm512_setr_epi64(2 * j0, 2 * j0, 2 * j0, 2 * j0, 2 * j0 + 2, 2 * j0 + 2,
+                                            2 * j0 + 2, 2 * j0 + 2)),
+        _mm512_set1_epi8(0x03));
+    o.q = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
+    const __m128i s4 = _mm_shuffle_epi8(
+        _mm_cvtsi32_si128(static_cast<int>(read_u32(x.scales + 4 * p))),
+        _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+    o.dv = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s4)),
+                         _mm512_set1_ps(fp16_to_fp32(x.d)));
+  }
+};
+
+// barata's int8 / int4 rows (docs/quantize.md): per-row types start with an
+// fp32 d, I4_G128 with one fp16 d per 128 weights; per-tensor types have unit
+// scale here (the matrix's d is applied by the matmul driver).
+enum class RowScale { kNone, kHeader, kGroup128 };
+
+template <RowScale kScale>
+struct I8D {
+  static constexpr bool kMin = false;
+  static constexpr int kOffset = 128;
+  const uint8_t* q;
+  float d;
+  I8D(const uint8_t* row, int64_t)
+      : q(kScale == RowScale::kHeader ? row + 4 : row),
+        d(kScale == RowScale::kHeader ? read_f32(row) : 1.0f) {}
+  const void* at(int64_t u) const { return q + 64 * u; }
+  void unit(int64_t u, Unit& o) const {
+    o.q = _mm512_xor_si512(_mm512_loadu_si512(q + 64 * u),
+                           _mm512_set1_epi8(static_cast<char>(0x80)));
+    o.dv = _mm512_set1_ps(d);
+  }
+};
+
+template <RowScale kScale>
+struct I4D {
+  static constexpr bool kMin = false;
+  static constexpr int kOffset = 8;  // stored level + 8
+  const uint8_t* q;
+  const uint8_t* groups;
+  float d;
+  I4D(const uint8_t* row, int64_t nu)
+      : q(kScale == RowScale::kHeader     ? row + 4
+          : kScale == RowScale::kGroup128 ? row + 2 * ((2 * nu + 3) / 4)
+                                          : row),
+        groups(row),
+        d(kScale == RowScale::kHeader ? read_f32(row) : 1.0f) {}
+  const void* at(int64_t u) const { return q + 32 * u; }
+  void unit(int64_t u, Unit& o) const {
+    o.q = spread_runs(load256(q + 32 * u));
+    if constexpr (kScale == RowScale::kGroup128) {
+      uint16_t h;
+      std::memcpy(&h, groups + 2 * (u / 2), 2);
+      o.dv = _mm512_set1_ps(fp16_to_fp32(h));
+    } else {
+      o.dv = _mm512_set1_ps(d);
+    }
+  }
+};
+
+// ---- the tile ---------------------------------------------------------------------
+template <typename Dec, int R, int T>
+void q_tile(const Dec* rows, size_t row_bytes, int64_t nu, const BlockQ8Act* const* x, float* out,
+            size_t ldy) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t u = 0; u < nu; ++u) {
+    Unit w[R];
+    for (int r = 0; r < R; ++r) {
+      // The rows of the next group: a stream of short rows is too broken up
+      // for the hardware prefetcher to run far enough ahead on its own.
+      _mm_prefetch(static_cast<const char*>(rows[r].at(u)) + R * row_bytes, _MM_HINT_T0);
+      rows[r].unit(u, w[r]);
+    }
+    for (int t = 0; t < T; ++t) {
+      const BlockQ8Act* xb = x[t] + 2 * u;
+      const __m512i xq = join(xb[0].q, xb[1].q);
+      const __m512 dx = halves(xb[0].d, xb[1].d);
+      if constexpr (Dec::kMin) {
+        const __m512 ds = _mm512_mul_ps(
+            dx, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), xq)));
+        for (int r = 0; r < R; ++r) {
+          const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, w[r].q, xq));
+          acc[r][t] = _mm512_fmadd_ps(p, _mm512_mul_ps(w[r].dv, dx), acc[r][t]);
+          acc[r][t] = _mm512_fmadd_ps(w[r].mv, ds, acc[r][t]);
+        }
+      } else {
+        const __m512i off = _mm512_sub_epi32(
+            zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(static_cast<char>(Dec::kOffset)), xq));
+        for (int r = 0; r < R; ++r) {
+          const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(off, w[r].q, xq));
+          acc[r][t] = _mm512_fmadd_ps(p, _mm512_mul_ps(w[r].dv, dx), acc[r][t]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+// Tokens in groups of up to kMaxT for one group of R rows.
+template <typename Dec, int R>
+void q_tokens(const Dec* rows, size_t row_bytes, int64_t nu, const uint8_t* acts,
+              size_t act_stride, int64_t n_tokens, float* out, size_t ldy) {
+  // The min types hold one more vector per row: 3 tokens keep them in registers.
+  constexpr int kMaxT = Dec::kMin ? 3 : 4;
+  for (int64_t t = 0; t < n_tokens;) {
+    const BlockQ8Act* x[kMaxT];
+    const int nt = static_cast<int>(std::min<int64_t>(kMaxT, n_tokens - t));
+    for (int i = 0; i < nt; ++i) x[i] = act_row(acts, act_stride, t + i);
+    float* o = out + static_cast<size_t>(t) * ldy;
+    switch (nt) {
+      case 4:
+        if constexpr (kMaxT >= 4) q_tile<Dec, R, 4>(rows, row_bytes, nu, x, o, ldy);
+        break;
+      case 3:
+        q_tile<Dec, R, 3>(rows, row_bytes, nu, x, o, ldy);
+        break;
+      case 2:
+        q_tile<Dec, R, 2>(rows, row_bytes, nu, x, o, ldy);
+        break;
+      default:
+        q_tile<Dec, R, 1>(rows, row_bytes, nu, x, o, ldy);
+        break;
+    }
+    t += nt;
+  }
+}
+
+template <typename Dec>
+void q_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                   const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                   size_t ldy) {
+  const int64_t nu = k / 64;
+  int64_t r = 0;
+  for (; r + 4 <= n_rows; r += 4) {
+    const Dec rows[4] = {Dec(w + r * row_bytes, nu), Dec(w + (r + 1) * row_bytes, nu),
+                         Dec(w + (r + 2) * row_bytes, nu), Dec(w + (r + 3) * row_bytes, nu)};
+    q_tokens<Dec, 4>(rows, row_bytes, nu, acts, act_stride, n_tokens, out + r, ldy);
+  }
+  for (; r < n_rows; ++r) {
+    const Dec rows[1] = {Dec(w + r * row_bytes, nu)};
+    q_tokens<Dec, 1>(rows, row_bytes, nu, acts, act_stride, n_tokens, out + r, ldy);
+  }
+}
+
+// ---- float weights, fp32 activations ------------------------------------------------
+struct F32W {
+  static __m512 load(const uint8_t* row, int64_t i, __mmask16 m) {
+    return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + i);
+  }
+};
+struct F16W {
+  static __m512 load(const uint8_t* row, int64_t i, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + i));
+  }
+};
+struct BF16W {
+  static __m512 load(const uint8_t* row, int64_t i, __mmask16 m) {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + i);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+};
+
+template <typename W, int R, int T>
+void f_tile(const uint8_t* const* rows, int64_t k, const float* const* x, float* out, size_t ldy) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; i += 16) {
+    const __mmask16 m =
+        k - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (k - i)) - 1);
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = W::load(rows[r], i, m);
+    for (int t = 0; t < T; ++t) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x[t] + i);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+template <typename W, int R>
+void f_tokens(const uint8_t* const* rows, int64_t k, const uint8_t* acts, size_t act_stride,
+              int64_t n_tokens, float* out, size_t ldy) {
+  constexpr int kMaxT = 5;
+  for (int64_t t = 0; t < n_tokens;) {
+    const float* x[kMaxT];
+    const int nt = static_cast<int>(std::min<int64_t>(kMaxT, n_tokens - t));
+    for (int i = 0; i < nt; ++i)
+      x[i] = reinterpret_cast<const float*>(acts + (t + i) * act_stride);
+    float* o = out + static_cast<size_t>(t) * ldy;
+    switch (nt) {
+      case 5:
+        f_tile<W, R, 5>(rows, k, x, o, ldy);
+        break;
+      case 4:
+        f_tile<W, R, 4>(rows, k, x, o, ldy);
+        break;
+      case 3:
+        f_tile<W, R, 3>(rows, k, x, o, ldy);
+        break;
+      case 2:
+        f_tile<W, R, 2>(rows, k, x, o, ldy);
+        break;
+      default:
+        f_tile<W, R, 1>(rows, k, x, o, ldy);
+        break;
+    }
+    t += nt;
+  }
+}
+
+template <typename W>
+void f_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                   const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                   size_t ldy) {
+  int64_t r = 0;
+  for (; r + 4 <= n_rows; r += 4) {
+    const uint8_t* rows[4] = {w + r * row_bytes, w + (r + 1) * row_bytes, w + (r + 2) * row_bytes,
+                              w + (r + 3) * row_bytes};
+    f_tokens<W, 4>(rows, k, acts, act_stride, n_tokens, out + r, ldy);
+  }
+  for (; r < n_rows; ++r) {
+    const uint8_t* rows[1] = {w + r * row_bytes};
+    f_tokens<W, 1>(rows, k, acts, act_stride, n_tokens, out + r, ldy);
+  }
+}
+
+#define BARATA_Q_KERNEL(T, name, Dec)                                               \
+  MatmulKernel {                                                                    \
+    DType::T, name ".q8.avx512", ActFormat::kQ8, q_matmul_tile<Dec>, 64             \
+  }
+#define BARATA_F_KERNEL(T, name, W)                                                 \
+  MatmulKernel {                                                                    \
+    DType::T, name ".f32.avx512", ActFormat::kF32, f_matmul_tile<W>, 1              \
+  }
+
+}  // namespace
+
+const MatmulKernel kAvx512Kernels[] = {
+    BARATA_F_KERNEL(F32, "f32", F32W),
+    BARATA_F_KERNEL(F16, "f16", F16W),
+    BARATA_F_KERNEL(BF16, "bf16", BF16W),
+    BARATA_Q_KERNEL(Q4_0, "q4_0", Q4_0D),
+    BARATA_Q_KERNEL(Q4_1, "q4_1", Q4_1D),
+    BARATA_Q_KERNEL(Q5_0, "q5_0", Q5_0D),
+    BARATA_Q_KERNEL(Q5_1, "q5_1", Q5_1D),
+    BARATA_Q_KERNEL(Q8_0, "q8_0", Q8_0D),
+    BARATA_Q_KERNEL(IQ4_NL, "iq4_nl", IQ4_NLD),
+    BARATA_Q_KERNEL(Q4_K, "q4_k", Q4_KD),
+    BARATA_Q_KERNEL(Q5_K, "q5_k", Q5_KD),
+    BARATA_Q_KERNEL(Q6_K, "q6_k", Q6_KD),
+    BARATA_Q_KERNEL(I8_TENSOR, "i8_tensor", I8D<RowScale::kNone>),
+    BARATA_Q_KERNEL(I8_ROW, "i8_row", I8D<RowScale::kHeader>),
+    BARATA_Q_KERNEL(I4_TENSOR, "i4_tensor", I4D<RowScale::kNone>),
+    BARATA_Q_KERNEL(I4_ROW, "i4_row", I4D<RowScale::kHeader>),
+    BARATA_Q_KERNEL(I4_G128, "i4_g128", I4D<RowScale::kGroup128>),
+};
+const size_t kAvx512KernelCount = sizeof kAvx512Kernels / sizeof kAvx512Kernels[0];
+
+float dot_f16_f32_avx512(const uint16_t* w, const float* x, int64_t k) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(load256(w + i)), _mm512_loadu_ps(x + i), a0);
+    a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(load256(w + i + 16)), _mm512_loadu_ps(x + i + 16), a1);
+  }
+  for (; i < k; i += 16) {
+    const __mmask16 m =
+        k - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (k - i)) - 1);
+    a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + i)),
+                         _mm512_maskz_loadu_ps(m, x + i), a0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
+void axpy_f16_avx512(float a, const uint16_t* x, float* y, int64_t k) {
+  const __m512 va = _mm512_set1_ps(a);
+  for (int64_t i = 0; i < k; i += 16) {
+    const __mmask16 m =
+        k - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (k - i)) - 1);
+    const __m512 xv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i));
+    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, xv, _mm512_maskz_loadu_ps(m, y + i)));
+  }
+}
+
+}  // namespace barata::BARATA_ISA_NS
+
+#endif

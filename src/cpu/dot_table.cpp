@@ -1,0 +1,50 @@
+// The kernel set of one ISA copy (see dot.h): what this copy's flags let the
+// other kernel files build.
+#include "dot.h"
+
+namespace barata::BARATA_ISA_NS {
+namespace {
+
+#define BARATA_STR2(x) #x
+#define BARATA_STR(x) BARATA_STR2(x)
+
+#if !defined(BARATA_HAVE_AVX512_KERNELS)
+const MatmulKernel kFast[] = {
+    MatmulKernel{DType::F32, "f32.f32" BARATA_DOT_ISA, ActFormat::kF32, dot_tile_f32},
+    MatmulKernel{DType::F16, "f16.f32" BARATA_DOT_ISA, ActFormat::kF32, dot_tile_f16},
+    MatmulKernel{DType::Q4_0, "q4_0.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q4_0_q8},
+    MatmulKernel{DType::Q4_1, "q4_1.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q4_1_q8},
+    MatmulKernel{DType::Q8_0, "q8_0.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q8_0_q8},
+#if defined(BARATA_HAVE_BARATA_QUANT_KERNELS)
+    MatmulKernel{DType::I8_TENSOR, "i8_tensor.q8.avx2", ActFormat::kQ8, dot_tile_i8_tensor_q8},
+    MatmulKernel{DType::I8_ROW, "i8_row.q8.avx2", ActFormat::kQ8, dot_tile_i8_row_q8},
+    MatmulKernel{DType::I4_TENSOR, "i4_tensor.q8.avx2", ActFormat::kQ8, dot_tile_i4_tensor_q8},
+    MatmulKernel{DType::I4_ROW, "i4_row.q8.avx2", ActFormat::kQ8, dot_tile_i4_row_q8},
+    MatmulKernel{DType::I4_G128, "i4_g128.q8.avx2", ActFormat::kQ8, dot_tile_i4_g128_q8},
+    MatmulKernel{DType::NF4_B64, "nf4_b64.f32.avx2", ActFormat::kF32, dot_tile_nf4_f32},
+    MatmulKernel{DType::Q5_0, "q5_0.q8.avx2", ActFormat::kQ8, dot_tile_q5_0_q8},
+    MatmulKernel{DType::Q5_1, "q5_1.q8.avx2", ActFormat::kQ8, dot_tile_q5_1_q8},
+    MatmulKernel{DType::IQ4_NL, "iq4_nl.q8.avx2", ActFormat::kQ8, dot_tile_iq4_nl_q8},
+    MatmulKernel{DType::Q4_K, "q4_k.q8.avx2", ActFormat::kQ8, dot_tile_q4_k_q8},
+    MatmulKernel{DType::Q5_K, "q5_k.q8.avx2", ActFormat::kQ8, dot_tile_q5_k_q8},
+    MatmulKernel{DType::Q6_K, "q6_k.q8.avx2", ActFormat::kQ8, dot_tile_q6_k_q8},
+#endif
+};
+#endif
+
+}  // namespace
+
+const CpuKernelSet& kernel_set() {
+#if defined(BARATA_HAVE_AVX512_KERNELS)
+  // Only its own kernels: every other type, and rows these cannot take (k not
+  // a multiple of 64), fall through to the AVX2 set.
+  static const CpuKernelSet set{BARATA_STR(BARATA_ISA_NS) + 4, kAvx512Kernels, kAvx512KernelCount,
+                                nullptr, dot_f16_f32_avx512, axpy_f16_avx512};
+#else
+  static const CpuKernelSet set{BARATA_STR(BARATA_ISA_NS) + 4, kFast,
+                                sizeof kFast / sizeof kFast[0], dot_f32, dot_f16_f32, axpy_f16};
+#endif
+  return set;
+}
+
+}  // namespace barata::BARATA_ISA_NS

@@ -1,0 +1,42 @@
+// Which instruction set the CPU kernels use: the best one this CPU has, chosen
+// once when the first kernel is looked up, or the one BARATA_ISA names
+// (scalar, avx2, avx512), which tests and benches use to force each path.
+#pragma once
+
+#include <string>
+
+#include "cpu/dot.h"
+
+namespace barata {
+
+enum class CpuIsa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512};
+
+const char* cpu_isa_name(CpuIsa isa);
+// Built into this binary, and the CPU has every feature the set needs:
+//   avx2    AVX2, FMA, F16C
+//   avx512  the above and AVX-512 F, BW, VL, DQ, VNNI
+bool cpu_isa_available(CpuIsa isa);
+CpuIsa cpu_best_isa();
+// The ISA in use: BARATA_ISA when set (an unknown or unavailable name is an
+// error), else cpu_best_isa().
+CpuIsa cpu_isa();
+// Forces the ISA (tests); fails when it is not available. Weights bound before
+// the change keep their kernels.
+void set_cpu_isa(CpuIsa isa);
+// "avx512 (avx512f avx512bw avx512vl avx512dq avx512vnni; avx512bf16 not used)"-style
+// line for -v: the ISA in use and the CPU flags it was chosen from.
+std::string cpu_isa_report();
+
+// The kernel set of an ISA (see dot.h: null entries fall through to lower sets).
+const CpuKernelSet& cpu_kernel_set(CpuIsa isa);
+
+// The attention helpers of the ISA in use, resolved once.
+struct CpuVectorOps {
+  float (*dot_f16_f32)(const uint16_t* w, const float* x, int64_t k);
+  void (*axpy_f16)(float a, const uint16_t* x, float* y, int64_t k);
+  float (*dot_f32)(const float* a, const float* b, int64_t k);
+};
+CpuVectorOps cpu_vector_ops(CpuIsa isa);
+
+}  // namespace barata
