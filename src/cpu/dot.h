@@ -48,6 +48,29 @@ namespace BARATA_ISA_NS {
 #define BARATA_DOT_ISA ".scalar"
 #endif
 
+// A growing per-thread buffer for the kernels' widened tiles. Not std::vector:
+// its out-of-line members would be shared with the other ISA copies (see above).
+template <typename T>
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { delete[] p_; }
+  T* get(size_t n) {
+    if (n > n_) {
+      delete[] p_;
+      p_ = new T[n];
+      n_ = n;
+    }
+    return p_;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
 float dot_f32(const float* a, const float* b, int64_t k);
 float dot_f16_f32(const uint16_t* w, const float* x, int64_t k);
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t k);  // y += a * x

@@ -250,9 +250,9 @@ struct Q6_KD {
                                             2 * j0 + 2, 2 * j0 + 2)),
         _mm512_set1_epi8(0x03));
     o.q = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
-    const __m128i s4 = _mm_shuffle_epi8(
-        _mm_cvtsi32_si128(static_cast<int>(read_u32(x.scales + 4 * p))),
-        _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+    const __m128i s4 =
+        _mm_shuffle_epi8(_mm_cvtsi32_si128(static_cast<int>(read_u32(x.scales + 4 * p))),
+                         _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
     o.dv = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s4)),
                          _mm512_set1_ps(fp16_to_fp32(x.d)));
   }
@@ -274,8 +274,8 @@ struct I8D {
         d(kScale == RowScale::kHeader ? read_f32(row) : 1.0f) {}
   const void* at(int64_t u) const { return q + 64 * u; }
   void unit(int64_t u, Unit& o) const {
-    o.q = _mm512_xor_si512(_mm512_loadu_si512(q + 64 * u),
-                           _mm512_set1_epi8(static_cast<char>(0x80)));
+    o.q =
+        _mm512_xor_si512(_mm512_loadu_si512(q + 64 * u), _mm512_set1_epi8(static_cast<char>(0x80)));
     o.dv = _mm512_set1_ps(d);
   }
 };
@@ -345,13 +345,14 @@ void q_tile(const Dec* rows, size_t row_bytes, int64_t nu, const BlockQ8Act* con
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+    for (int t = 0; t < T; ++t)
+      out[static_cast<size_t>(t) * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
 // Tokens in groups of up to kMaxT for one group of R rows.
 template <typename Dec, int R>
-void q_tokens(const Dec* rows, size_t row_bytes, int64_t nu, const uint8_t* acts,
-              size_t act_stride, int64_t n_tokens, float* out, size_t ldy) {
+void q_tokens(const Dec* rows, size_t row_bytes, int64_t nu, const uint8_t* acts, size_t act_stride,
+              int64_t n_tokens, float* out, size_t ldy) {
   // The min types hold one more vector per row: 3 tokens keep them in registers.
   constexpr int kMaxT = Dec::kMin ? 3 : 4;
   for (int64_t t = 0; t < n_tokens;) {
@@ -428,7 +429,8 @@ void f_tile(const uint8_t* const* rows, int64_t k, const float* const* x, float*
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+    for (int t = 0; t < T; ++t)
+      out[static_cast<size_t>(t) * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
 template <typename W, int R>
@@ -438,8 +440,7 @@ void f_tokens(const uint8_t* const* rows, int64_t k, const uint8_t* acts, size_t
   for (int64_t t = 0; t < n_tokens;) {
     const float* x[kMaxT];
     const int nt = static_cast<int>(std::min<int64_t>(kMaxT, n_tokens - t));
-    for (int i = 0; i < nt; ++i)
-      x[i] = reinterpret_cast<const float*>(acts + (t + i) * act_stride);
+    for (int i = 0; i < nt; ++i) x[i] = reinterpret_cast<const float*>(acts + (t + i) * act_stride);
     float* o = out + static_cast<size_t>(t) * ldy;
     switch (nt) {
       case 5:
@@ -478,13 +479,13 @@ void f_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k
   }
 }
 
-#define BARATA_Q_KERNEL(T, name, Dec)                                               \
-  MatmulKernel {                                                                    \
-    DType::T, name ".q8.avx512", ActFormat::kQ8, q_matmul_tile<Dec>, 64             \
+#define BARATA_Q_KERNEL(T, name, Dec)                                   \
+  MatmulKernel {                                                        \
+    DType::T, name ".q8.avx512", ActFormat::kQ8, q_matmul_tile<Dec>, 64 \
   }
-#define BARATA_F_KERNEL(T, name, W)                                                 \
-  MatmulKernel {                                                                    \
-    DType::T, name ".f32.avx512", ActFormat::kF32, f_matmul_tile<W>, 1              \
+#define BARATA_F_KERNEL(T, name, W)                                    \
+  MatmulKernel {                                                       \
+    DType::T, name ".f32.avx512", ActFormat::kF32, f_matmul_tile<W>, 1 \
   }
 
 }  // namespace

@@ -11,7 +11,6 @@
 // operations in the same order for each output, so prefill and decode agree
 // bit for bit.
 #include <cstring>
-#include <vector>
 
 #include "barata/half.h"
 #include "cpu/matmul.h"
@@ -141,18 +140,16 @@ void int_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, con
     return;
   }
   // Widen the tile's rows once, then every token reads the int8 copy.
-  thread_local std::vector<int8_t> lv_buf;
-  thread_local std::vector<float> cs_buf;
-  lv_buf.resize(static_cast<size_t>(n_rows * k));
-  cs_buf.resize(static_cast<size_t>(n_rows * nb));
-  thread_local std::vector<float> rs;  // per row, reused: no allocation per tile
-  rs.resize(static_cast<size_t>(n_rows));
+  thread_local Scratch<int8_t> lv_scratch;
+  thread_local Scratch<float> cs_scratch, rs_scratch;  // reused: no allocation per tile
+  int8_t* const lv_buf = lv_scratch.get(static_cast<size_t>(n_rows * k));
+  float* const cs_buf = cs_scratch.get(static_cast<size_t>(n_rows * nb));
+  float* const rs = rs_scratch.get(static_cast<size_t>(n_rows));
   for (int64_t r = 0; r < n_rows; ++r) {
     const Row row(w + r * row_bytes, nb);
     rs[static_cast<size_t>(r)] = row.row_scale;
     for (int64_t b = 0; b < nb; ++b) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lv_buf.data() + r * k + 32 * b),
-                          row.levels(b));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lv_buf + r * k + 32 * b), row.levels(b));
       cs_buf[static_cast<size_t>(r * nb + b)] = row.chunk_scale(b);
     }
   }
@@ -164,17 +161,17 @@ void int_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, con
       const int8_t* lv[4];
       const float* cs[4];
       for (int i = 0; i < R; ++i) {
-        lv[i] = lv_buf.data() + (r + i) * k;
-        cs[i] = cs_buf.data() + (r + i) * nb;
+        lv[i] = lv_buf + (r + i) * k;
+        cs[i] = cs_buf + (r + i) * nb;
       }
       if (R == 4) {
-        dot_widened<4>(lv, cs, rs.data() + r, x, nb, res);
+        dot_widened<4>(lv, cs, rs + r, x, nb, res);
         for (int i = 0; i < 4; ++i) out[t * ldy + r + i] = res[i];
       } else {
         for (; r < n_rows; ++r) {
-          lv[0] = lv_buf.data() + r * k;
-          cs[0] = cs_buf.data() + r * nb;
-          dot_widened<1>(lv, cs, rs.data() + r, x, nb, res);
+          lv[0] = lv_buf + r * k;
+          cs[0] = cs_buf + r * nb;
+          dot_widened<1>(lv, cs, rs + r, x, nb, res);
           out[t * ldy + r] = res[0];
         }
         break;
@@ -297,10 +294,10 @@ BARATA_DOT_TILE(dot_tile_nf4_f32) {
     return;
   }
   static const NF4Planes planes;
-  thread_local std::vector<float> buf;
-  buf.resize(static_cast<size_t>(n_rows * k));
+  thread_local Scratch<float> scratch;
+  float* const buf = scratch.get(static_cast<size_t>(n_rows * k));
   for (int64_t r = 0; r < n_rows; ++r)
-    for (int64_t b = 0; b < nb; ++b) nf4_decode(row(r)[b], planes, buf.data() + r * k + b * kQKNF4);
+    for (int64_t b = 0; b < nb; ++b) nf4_decode(row(r)[b], planes, buf + r * k + b * kQKNF4);
   for (int64_t t = 0; t < n_tokens; ++t) {
     int64_t r = 0;
     for (; r + 4 <= n_rows; r += 4) {

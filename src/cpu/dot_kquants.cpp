@@ -9,7 +9,6 @@
 // constant offsets (mins, the -16 / -32 of the 5- and 6-bit types) go through
 // the activation block's precomputed d * sum(q).
 #include <cstring>
-#include <vector>
 
 #include "barata/half.h"
 #include "cpu/matmul.h"
@@ -259,8 +258,8 @@ void tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const u
     }
     return;
   }
-  thread_local std::vector<Chunk> wide;
-  wide.resize(static_cast<size_t>(n_rows * nb));
+  thread_local Scratch<Chunk> scratch;
+  Chunk* const wide = scratch.get(static_cast<size_t>(n_rows * nb));
   for (int64_t r = 0; r < n_rows; ++r)
     for (int64_t b = 0; b < nb; ++b)
       wide[static_cast<size_t>(r * nb + b)] = Dec::decode(w + r * row_bytes, b);

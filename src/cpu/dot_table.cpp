@@ -38,11 +38,19 @@ const CpuKernelSet& kernel_set() {
 #if defined(BARATA_HAVE_AVX512_KERNELS)
   // Only its own kernels: every other type, and rows these cannot take (k not
   // a multiple of 64), fall through to the AVX2 set.
-  static const CpuKernelSet set{BARATA_STR(BARATA_ISA_NS) + 4, kAvx512Kernels, kAvx512KernelCount,
-                                nullptr, dot_f16_f32_avx512, axpy_f16_avx512};
+  static const CpuKernelSet set{BARATA_STR(BARATA_ISA_NS) + 4,
+                                kAvx512Kernels,
+                                kAvx512KernelCount,
+                                nullptr,
+                                dot_f16_f32_avx512,
+                                axpy_f16_avx512};
 #else
-  static const CpuKernelSet set{BARATA_STR(BARATA_ISA_NS) + 4, kFast,
-                                sizeof kFast / sizeof kFast[0], dot_f32, dot_f16_f32, axpy_f16};
+  static const CpuKernelSet set{BARATA_STR(BARATA_ISA_NS) + 4,
+                                kFast,
+                                sizeof kFast / sizeof kFast[0],
+                                dot_f32,
+                                dot_f16_f32,
+                                axpy_f16};
 #endif
   return set;
 }

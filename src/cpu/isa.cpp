@@ -30,7 +30,7 @@ bool has(const char* feature) {
 }
 
 constexpr const char* kAvx2Features[] = {"avx2", "fma", "f16c"};
-constexpr const char* kAvx512Features[] = {"avx2",     "fma",      "f16c",    "avx512f",
+constexpr const char* kAvx512Features[] = {"avx2",     "fma",      "f16c",     "avx512f",
                                            "avx512bw", "avx512vl", "avx512dq", "avx512vnni"};
 
 template <size_t N>
@@ -130,8 +130,8 @@ std::string cpu_isa_report() {
   for (const char* f : {"avx2", "fma", "f16c", "avxvnni", "avx512f", "avx512bw", "avx512vl",
                         "avx512dq", "avx512vnni", "avx512bf16"})
     if (has(f)) (s += ' ') += f;
-  if (cpu_isa() != cpu_best_isa()) s += std::string("; forced by BARATA_ISA (best: ") +
-                                        cpu_isa_name(cpu_best_isa()) + ")";
+  if (cpu_isa() != cpu_best_isa())
+    s += std::string("; forced by BARATA_ISA (best: ") + cpu_isa_name(cpu_best_isa()) + ")";
   return s;
 }
 
