@@ -303,9 +303,59 @@ TEST_P(QuantKernelsIsa, KernelsOfTheForcedIsaAreBound) {
           << cpu_matmul_kernel(t, 512).name;
     }
     // k = 96 is not whole 64-weight units: the AVX2 kernel takes it.
-    EXPECT_TRUE(std::string(cpu_matmul_kernel(DType::Q4_0, 96).name).ends_with(".avx2"))
-        << cpu_matmul_kernel(DType::Q4_0, 96).name;
+    EXPECT_TRUE(std::string(cpu_matmul_kernel(DType::I8_ROW, 96).name).ends_with(".avx2"))
+        << cpu_matmul_kernel(DType::I8_ROW, 96).name;
+    // Repacking kernels only where the caller will repack.
+    EXPECT_EQ(cpu_matmul_kernel(DType::Q4_0, 96).repack, nullptr);
+    EXPECT_NE(cpu_matmul_kernel(DType::Q4_0, 96, CpuIsa::kAvx512, true).repack, nullptr);
   }
+}
+
+// Load-time repacking (the AVX-512 16-row interleaved layouts): the same bits
+// as the same ISA's kernel on the file's rows, for every shape, row counts
+// that are not whole groups of 16 included.
+TEST(QuantKernels, RepackedLayoutsGiveTheBitsOfTheFileLayout) {
+  if (!cpu_isa_available(CpuIsa::kAvx512))
+    GTEST_SKIP() << "the repacked layouts are AVX-512 kernels; this CPU's best is "
+                 << cpu_isa_name(cpu_best_isa());
+  const CpuIsa saved = cpu_isa();
+  set_cpu_isa(CpuIsa::kAvx512);
+  ThreadPool pool(2);
+  uint32_t seed = 900;
+  int n_checked = 0;
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::IQ4_NL, DType::Q8_0}) {
+    for (int64_t k : {32, 96, 256, 576}) {
+      for (int64_t n_rows : {1, 15, 16, 17, 37, 64}) {
+        for (int64_t n_tok : {1, 2, 3, 5, 8, 9, 33}) {
+          SCOPED_TRACE(testing::Message()
+                       << dtype_name(t) << " k=" << k << " rows=" << n_rows << " tokens=" << n_tok);
+          const std::vector<float> w = gaussian(static_cast<size_t>(k * n_rows), seed, 0.02f);
+          const std::vector<float> x = gaussian(static_cast<size_t>(k * n_tok), seed + 1);
+          ++seed;
+          std::vector<uint8_t> q(tensor_bytes(t, k, n_rows));
+          quantize_tensor(t, w.data(), k, n_rows, q.data());
+          const WeightView plain = make_weight_view(t, k, n_rows, q.data());
+          ASSERT_EQ(plain.kernel->repack, nullptr) << plain.kernel->name;
+          WeightView packed = plain;
+          packed.kernel = &cpu_matmul_kernel(t, k, CpuIsa::kAvx512, true);
+          ASSERT_NE(packed.kernel->repack, nullptr) << packed.kernel->name;
+          RepackedMatrix copy;
+          repack_weight(pool, packed, copy);
+          ASSERT_NE(packed.data, plain.data);
+          PreparedActs acts;
+          prepare_acts(pool, ActFormat::kQ8, x.data(), n_tok, k, acts);
+          std::vector<float> y0(static_cast<size_t>(n_tok * n_rows), -1.0f), y1 = y0;
+          matmul(pool, plain, acts, y0.data(), n_rows);
+          matmul(pool, packed, acts, y1.data(), n_rows);
+          ASSERT_EQ(std::memcmp(y0.data(), y1.data(), y0.size() * sizeof(float)), 0)
+              << "first values " << y0[0] << " vs " << y1[0];
+          ++n_checked;
+        }
+      }
+    }
+  }
+  set_cpu_isa(saved);
+  EXPECT_EQ(n_checked, 5 * 4 * 6 * 7);
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, QuantKernelsIsa, testing::ValuesIn(kAllCpuIsas),

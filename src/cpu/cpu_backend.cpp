@@ -85,10 +85,27 @@ class CpuBackend final : public Backend {
     model_ = &model;
     n_ctx_ = n_ctx;
     views_.assign(static_cast<size_t>(model.n_matrices()), WeightView{});
-    for (const WeightDesc* w : model.matrices())
-      views_[static_cast<size_t>(w->id)] = WeightView{
-          w->type, w->k, w->n_rows, w->data, w->row_bytes, &cpu_matmul_kernel(w->type, w->k),
-          w->scale};
+    repacked_.clear();
+    repacked_.resize(static_cast<size_t>(model.n_matrices()));
+    const CpuIsa isa = cpu_isa();
+    const bool repack = cpu_repack_enabled();
+    size_t n_repacked = 0, repacked_bytes = 0;
+    for (const WeightDesc* w : model.matrices()) {
+      const size_t id = static_cast<size_t>(w->id);
+      views_[id] = WeightView{w->type, w->k,         w->n_rows,
+                              w->data, w->row_bytes, &cpu_matmul_kernel(w->type, w->k, isa, repack),
+                              w->scale};
+      // The file stays as it is; kernels that want their rows interleaved
+      // get a copy (the mapped pages are read once and left to the page cache).
+      repack_weight(*pool_, views_[id], repacked_[id]);
+      if (repacked_[id].bytes) {
+        ++n_repacked;
+        repacked_bytes += repacked_[id].size;
+      }
+    }
+    if (n_repacked > 0)
+      spdlog::info("cpu: {} matrices ({:.1f} MiB) repacked at load for the {} kernels", n_repacked,
+                   static_cast<double>(repacked_bytes) / (1 << 20), cpu_isa_name(isa));
     pool_kv_ = std::make_unique<HostKvPool>(kv, n_blocks);
   }
 
@@ -213,7 +230,8 @@ class CpuBackend final : public Backend {
   std::unique_ptr<ThreadPool> pool_;
   const Model* model_ = nullptr;
   int64_t n_ctx_ = 0;
-  std::vector<WeightView> views_;  // by WeightDesc::id
+  std::vector<WeightView> views_;         // by WeightDesc::id
+  std::vector<RepackedMatrix> repacked_;  // by id: copies of the matrices whose kernels repack
   std::unique_ptr<HostKvPool> pool_kv_;
   const Batch* batch_ = nullptr;
   int64_t scratch_rows_ = 0;

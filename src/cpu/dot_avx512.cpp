@@ -29,6 +29,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 
 // GCC 12's _mm512_cast*256*512 read an "undefined" register that it then warns about.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -479,6 +480,296 @@ void f_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k
   }
 }
 
+// ---- repacked layouts: 16 rows interleaved, one row per lane -------------------------
+// For Q4_0, Q4_1, Q5_0, IQ4_NL and Q8_0 the CPU backend repacks each matrix at
+// load (the file stays as it is): rows in groups of 16, and within a group,
+// for each block of 32 weights, the codes u (unsigned) of 4 consecutive
+// weights of the 16 rows side by side, 64 bytes, so that one vpdpbusd against
+// 4 activation bytes broadcast gives each row's partial sum in its own lane.
+// The per-block scales of the 16 rows are one vector, so the scaling costs
+// one multiply and two FMAs per block for all 16 rows together.
+//
+// Arithmetic (per row r, token t, over blocks b in order, from acc = 0):
+//     acc = fma(float(sum_j u_j * q_j), dv * d_x, acc);  acc = fma(mv, s_x, acc)
+// where the sum is exact, s_x = d_x * sum(q), and per type
+//     Q4_0: u = nibble, dv = d, mv = -8 d        Q4_1: u = nibble, dv = d, mv = m
+//     Q5_0: u = nibble + 16 * fifth bit, mv = -16 d
+//     IQ4_NL: u = code book value + 128, mv = -128 d      Q8_0: u = q + 128, mv = -128 d
+// The unrepacked kernels of these types in this ISA (rq_tile_rows, below) do
+// exactly the same operations, so repacking changes no bit of the result.
+//
+// Group layout, in sections (each block's part contiguous):
+//     codes: per block 256 bytes (nibble types: 4 x 64, byte 4r + j of word i
+//            holding u[r][8i + j] | u[r][8i + 4 + j] << 4) or 512 (Q8_0: 8 x 64)
+//     d:     per block 16 fp16        m (Q4_1): per block 16 fp16
+//     high bits (Q5_0): per block 8 x 64 bits, bit 4r + j of word g = the fifth
+//            bit of weight 4g + j of row r.
+#ifndef BARATA_R_AHEAD
+#define BARATA_R_AHEAD 4096
+#endif
+enum class RKind { kNib, kNibMin, kNib5, kNibTable, kByte };
+
+template <RKind K>
+struct RLayout {
+  static constexpr size_t kCodes = K == RKind::kByte ? 512 : 256;
+  static constexpr size_t kD = 32;
+  static constexpr size_t kM = K == RKind::kNibMin ? 32 : 0;
+  static constexpr size_t kHigh = K == RKind::kNib5 ? 64 : 0;
+  static constexpr size_t kBlock = kCodes + kD + kM + kHigh;  // 16 rows x 32 weights
+  static constexpr float kOffset = K == RKind::kNib5                            ? 16.0f
+                                   : K == RKind::kByte || K == RKind::kNibTable ? 128.0f
+                                                                                : 8.0f;
+};
+
+// One row's block b in code form: u[32], the fp16 scale (and min), fifth bits.
+struct RowBlock {
+  uint8_t u[32];
+  uint16_t d, m;
+};
+
+template <RKind K>
+RowBlock row_block(const uint8_t* row, int64_t b) {
+  RowBlock o{};
+  auto nibbles = [&](const uint8_t* qs) {
+    for (int j = 0; j < 16; ++j) {
+      o.u[j] = qs[j] & 0x0f;
+      o.u[j + 16] = qs[j] >> 4;
+    }
+  };
+  if constexpr (K == RKind::kNib || K == RKind::kNibTable) {
+    const auto& x = reinterpret_cast<const BlockQ4_0*>(row)[b];  // IQ4_NL has the same layout
+    nibbles(x.qs);
+    o.d = x.d;
+  } else if constexpr (K == RKind::kNibMin) {
+    const auto& x = reinterpret_cast<const BlockQ4_1*>(row)[b];
+    nibbles(x.qs);
+    o.d = x.d;
+    o.m = x.m;
+  } else if constexpr (K == RKind::kNib5) {
+    const auto& x = reinterpret_cast<const BlockQ5_0*>(row)[b];
+    nibbles(x.qs);
+    const uint32_t qh = read_u32(x.qh);
+    for (int j = 0; j < 32; ++j) o.u[j] = static_cast<uint8_t>(o.u[j] | (((qh >> j) & 1u) << 4));
+    o.d = x.d;
+  } else {
+    const auto& x = reinterpret_cast<const BlockQ8_0*>(row)[b];
+    for (int j = 0; j < 32; ++j) o.u[j] = static_cast<uint8_t>(x.qs[j] + 128);
+    o.d = x.d;
+  }
+  if constexpr (K == RKind::kNibTable)
+    for (int j = 0; j < 32; ++j) o.u[j] = static_cast<uint8_t>(kIQ4NLValues[o.u[j]] + 128);
+  return o;
+}
+
+template <RKind K>
+size_t r_row_bytes(int64_t k) {
+  return static_cast<size_t>(k / 32) * RLayout<K>::kBlock / 16;
+}
+
+template <RKind K>
+void r_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_rows, uint8_t* dst) {
+  using L = RLayout<K>;
+  const int64_t nb = k / 32;
+  const int64_t groups = (n_rows + 15) / 16;
+  const size_t group_bytes = static_cast<size_t>(nb) * L::kBlock;
+  std::memset(dst, 0, static_cast<size_t>(groups) * group_bytes);
+  for (int64_t g = 0; g < groups; ++g) {
+    uint8_t* codes = dst + g * group_bytes;
+    uint8_t* dsec = codes + nb * L::kCodes;
+    uint8_t* msec = dsec + nb * L::kD;
+    uint8_t* hsec = msec + nb * L::kM;
+    for (int64_t r = 0; r < 16 && g * 16 + r < n_rows; ++r) {
+      const uint8_t* row = src + (g * 16 + r) * src_row_bytes;
+      for (int64_t b = 0; b < nb; ++b) {
+        RowBlock rb = row_block<K>(row, b);
+        uint8_t* c = codes + b * L::kCodes;
+        if constexpr (K == RKind::kByte) {
+          for (int gi = 0; gi < 8; ++gi)
+            for (int j = 0; j < 4; ++j) c[64 * gi + 4 * r + j] = rb.u[4 * gi + j];
+        } else {
+          // The table type stores nibble indices; the kernel maps them.
+          if constexpr (K == RKind::kNibTable) {
+            const auto& x = reinterpret_cast<const BlockQ4_0*>(row)[b];
+            for (int j = 0; j < 16; ++j) {
+              rb.u[j] = x.qs[j] & 0x0f;
+              rb.u[j + 16] = x.qs[j] >> 4;
+            }
+          }
+          for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j)
+              c[64 * i + 4 * r + j] = static_cast<uint8_t>((rb.u[8 * i + j] & 0x0f) |
+                                                           ((rb.u[8 * i + 4 + j] & 0x0f) << 4));
+          if constexpr (K == RKind::kNib5) {
+            for (int gi = 0; gi < 8; ++gi)
+              for (int j = 0; j < 4; ++j)
+                if (rb.u[4 * gi + j] & 0x10) {
+                  const int bit = 4 * static_cast<int>(r) + j;
+                  hsec[b * L::kHigh + 8 * gi + bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
+                }
+          }
+        }
+        std::memcpy(dsec + b * L::kD + 2 * r, &rb.d, 2);
+        if constexpr (K == RKind::kNibMin) std::memcpy(msec + b * L::kM + 2 * r, &rb.m, 2);
+      }
+    }
+  }
+}
+
+inline __m512i bcast4(const int8_t* q) {
+  return _mm512_set1_epi32(static_cast<int>(read_u32(q)));
+}
+
+// T tokens against one group of 16 rows; out[t * ldy + r] for r < n_valid.
+// Software prefetch distance in bytes of codes: about what must be in flight
+// to cover the DRAM latency at one core's streaming rate (measured: 2 KiB
+// reaches ~19 GB/s on Q4_0 decode, 4 KiB ~24, 8 KiB loses again).
+constexpr int64_t kAheadBytes = BARATA_R_AHEAD;
+
+template <RKind K, int T>
+void r_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* out, size_t ldy,
+            int n_valid) {
+  using L = RLayout<K>;
+  const uint8_t* codes = grp;
+  const uint8_t* dsec = codes + nb * L::kCodes;
+  const uint8_t* msec = dsec + nb * L::kD;
+  const uint8_t* hsec = msec + nb * L::kM;
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  __m512i table = _mm512_setzero_si512();
+  if constexpr (K == RKind::kNibTable) {
+    alignas(16) uint8_t tb[16];
+    for (int i = 0; i < 16; ++i) tb[i] = static_cast<uint8_t>(kIQ4NLValues[i] + 128);
+    table = _mm512_broadcast_i32x4(load128(tb));
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* c = codes + b * L::kCodes;
+    // Every line of the codes kAheadBytes ahead; the scales' section is a
+    // second stream (one line per two blocks).
+    {
+      constexpr int64_t kAhead = kAheadBytes / static_cast<int64_t>(L::kCodes);  // blocks
+      for (size_t i = 0; i < L::kCodes; i += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(c) + kAhead * L::kCodes + i, _MM_HINT_T0);
+      if (b % 2 == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(dsec + (b + kAhead) * L::kD), _MM_HINT_T0);
+    }
+    __m512i u[8];
+    if constexpr (K == RKind::kByte) {
+      for (int g = 0; g < 8; ++g) u[g] = _mm512_loadu_si512(c + 64 * g);
+    } else {
+      for (int i = 0; i < 4; ++i) {
+        const __m512i w = _mm512_loadu_si512(c + 64 * i);
+        u[2 * i] = _mm512_and_si512(w, low);
+        u[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+      }
+      if constexpr (K == RKind::kNibTable)
+        for (int g = 0; g < 8; ++g) u[g] = _mm512_shuffle_epi8(table, u[g]);
+      if constexpr (K == RKind::kNib5) {
+        const uint8_t* h = hsec + b * L::kHigh;
+        for (int g = 0; g < 8; ++g) {
+          uint64_t bits;
+          std::memcpy(&bits, h + 8 * g, 8);
+          u[g] =
+              _mm512_mask_add_epi8(u[g], static_cast<__mmask64>(bits), u[g], _mm512_set1_epi8(16));
+        }
+      }
+    }
+    const __m512 dv = _mm512_cvtph_ps(load256(dsec + b * L::kD));
+    const __m512 mv = K == RKind::kNibMin ? _mm512_cvtph_ps(load256(msec + b * L::kM))
+                                          : _mm512_mul_ps(dv, _mm512_set1_ps(-L::kOffset));
+    for (int t = 0; t < T; ++t) {
+      const BlockQ8Act& xb = x[t][b];
+      __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], bcast4(xb.q));
+      __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], bcast4(xb.q + 4));
+      i0 = _mm512_dpbusd_epi32(i0, u[2], bcast4(xb.q + 8));
+      i1 = _mm512_dpbusd_epi32(i1, u[3], bcast4(xb.q + 12));
+      i0 = _mm512_dpbusd_epi32(i0, u[4], bcast4(xb.q + 16));
+      i1 = _mm512_dpbusd_epi32(i1, u[5], bcast4(xb.q + 20));
+      i0 = _mm512_dpbusd_epi32(i0, u[6], bcast4(xb.q + 24));
+      i1 = _mm512_dpbusd_epi32(i1, u[7], bcast4(xb.q + 28));
+      const __m512 p = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
+      acc[t] = _mm512_fmadd_ps(p, _mm512_mul_ps(dv, _mm512_set1_ps(xb.d)), acc[t]);
+      acc[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xb.s), acc[t]);
+    }
+  }
+  const __mmask16 m = static_cast<__mmask16>((1u << n_valid) - 1);
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(out + static_cast<size_t>(t) * ldy, m, acc[t]);
+}
+
+template <RKind K>
+void r_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                   const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                   size_t ldy) {
+  const int64_t nb = k / 32;
+  for (int64_t g = 0; g * 16 < n_rows; ++g) {
+    const uint8_t* grp = w + static_cast<size_t>(g * 16) * row_bytes;
+    const int n_valid = static_cast<int>(std::min<int64_t>(16, n_rows - g * 16));
+    float* o = out + g * 16;
+    for (int64_t t = 0; t < n_tokens;) {
+      const BlockQ8Act* x[8];
+      const int64_t left = n_tokens - t;
+      const int nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+      for (int i = 0; i < nt; ++i) x[i] = act_row(acts, act_stride, t + i);
+      float* ot = o + static_cast<size_t>(t) * ldy;
+      switch (nt) {
+        case 8:
+          r_tile<K, 8>(grp, nb, x, ot, ldy, n_valid);
+          break;
+        case 4:
+          r_tile<K, 4>(grp, nb, x, ot, ldy, n_valid);
+          break;
+        case 2:
+          r_tile<K, 2>(grp, nb, x, ot, ldy, n_valid);
+          break;
+        default:
+          r_tile<K, 1>(grp, nb, x, ot, ldy, n_valid);
+          break;
+      }
+      t += nt;
+    }
+  }
+}
+
+// The same arithmetic on the file's rows, one row at a time (BARATA_REPACK=0,
+// and weights the backend did not repack).
+template <RKind K>
+void rq_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                  const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                  size_t ldy) {
+  const int64_t nb = k / 32;
+  constexpr float kOff = RLayout<K>::kOffset;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * row_bytes;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const BlockQ8Act* x = act_row(acts, act_stride, t);
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const RowBlock rb = row_block<K>(row, b);
+        const __m256i u = load256(rb.u);
+        const __m256i q = load256(x[b].q);
+        const __m256i s8 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, q);
+        const __m128i s4 =
+            _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        int32_t lanes[4];
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(lanes), s4);
+        const int32_t isum = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+        const float dv = fp16_to_fp32(rb.d);
+        const float mv = K == RKind::kNibMin ? fp16_to_fp32(rb.m) : dv * -kOff;
+        acc = std::fma(static_cast<float>(isum), dv * x[b].d, acc);
+        acc = std::fma(mv, x[b].s, acc);
+      }
+      out[t * ldy + r] = acc;
+    }
+  }
+}
+
+#define BARATA_R_KERNELS(T, name, K)                                           \
+  MatmulKernel{DType::T, name ".r16.avx512", ActFormat::kQ8, r_matmul_tile<K>, \
+               32,       r_row_bytes<K>,     r_repack<K>},                     \
+      MatmulKernel {                                                           \
+    DType::T, name ".q8.avx512", ActFormat::kQ8, rq_tile_rows<K>, 32           \
+  }
+
 #define BARATA_Q_KERNEL(T, name, Dec)                                   \
   MatmulKernel {                                                        \
     DType::T, name ".q8.avx512", ActFormat::kQ8, q_matmul_tile<Dec>, 64 \
@@ -494,12 +785,12 @@ const MatmulKernel kAvx512Kernels[] = {
     BARATA_F_KERNEL(F32, "f32", F32W),
     BARATA_F_KERNEL(F16, "f16", F16W),
     BARATA_F_KERNEL(BF16, "bf16", BF16W),
-    BARATA_Q_KERNEL(Q4_0, "q4_0", Q4_0D),
-    BARATA_Q_KERNEL(Q4_1, "q4_1", Q4_1D),
-    BARATA_Q_KERNEL(Q5_0, "q5_0", Q5_0D),
+    BARATA_R_KERNELS(Q4_0, "q4_0", RKind::kNib),
+    BARATA_R_KERNELS(Q4_1, "q4_1", RKind::kNibMin),
+    BARATA_R_KERNELS(Q5_0, "q5_0", RKind::kNib5),
+    BARATA_R_KERNELS(IQ4_NL, "iq4_nl", RKind::kNibTable),
+    BARATA_R_KERNELS(Q8_0, "q8_0", RKind::kByte),
     BARATA_Q_KERNEL(Q5_1, "q5_1", Q5_1D),
-    BARATA_Q_KERNEL(Q8_0, "q8_0", Q8_0D),
-    BARATA_Q_KERNEL(IQ4_NL, "iq4_nl", IQ4_NLD),
     BARATA_Q_KERNEL(Q4_K, "q4_k", Q4_KD),
     BARATA_Q_KERNEL(Q5_K, "q5_k", Q5_KD),
     BARATA_Q_KERNEL(Q6_K, "q6_k", Q6_KD),

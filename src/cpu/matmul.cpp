@@ -4,6 +4,11 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+#include <string_view>
 
 #include "barata/error.h"
 #include "dot.h"
@@ -71,13 +76,23 @@ const MatmulKernel& cpu_reference_kernel(DType t) {
   fail("no CPU matmul kernel for type {}", dtype_name(t));
 }
 
-const MatmulKernel& cpu_matmul_kernel(DType t, int64_t k, CpuIsa isa) {
+bool cpu_repack_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("BARATA_REPACK");
+    return e == nullptr || std::string_view(e) != "0";
+  }();
+  return on;
+}
+
+const MatmulKernel& cpu_matmul_kernel(DType t, int64_t k, CpuIsa isa, bool allow_repack) {
   if (!cpu_isa_available(isa)) fail("internal: CPU kernels of {} asked for", cpu_isa_name(isa));
   // This ISA's kernel, else the next lower ISA's, else the reference.
   for (int i = static_cast<int>(isa); i >= 0; --i) {
     const CpuKernelSet& set = cpu_kernel_set(static_cast<CpuIsa>(i));
     for (size_t j = 0; j < set.n_matmul; ++j)
-      if (set.matmul[j].type == t && set.matmul[j].takes(k)) return set.matmul[j];
+      if (set.matmul[j].type == t && set.matmul[j].takes(k) &&
+          (allow_repack || set.matmul[j].repack == nullptr))
+        return set.matmul[j];
   }
   return cpu_reference_kernel(t);
 }
@@ -94,6 +109,37 @@ WeightView make_weight_view(DType type, int64_t k, int64_t n_rows, const uint8_t
                     row_bytes(type, k),
                     &cpu_matmul_kernel(type, k),
                     tensor_scale(type, tensor_data)};
+}
+
+void RepackedMatrix::Free::operator()(uint8_t* p) const {
+  std::free(p);
+}
+
+void repack_weight(ThreadPool& pool, WeightView& v, RepackedMatrix& out) {
+  const MatmulKernel& kern = *v.kernel;
+  if (kern.repack == nullptr) return;
+  const size_t rb = kern.repacked_row_bytes(v.k);
+  const size_t bytes = repacked_bytes(kern, v.k, v.n_rows);
+  // 2 MiB-aligned, and offered to the kernel as huge pages: a decode step
+  // streams every byte once, and 4 KiB pages make that a TLB miss per 4 KiB.
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t alloc = (bytes + kHuge - 1) / kHuge * kHuge;
+  out.bytes.reset(static_cast<uint8_t*>(std::aligned_alloc(kHuge, alloc)));
+#if defined(MADV_HUGEPAGE)
+  if (out.bytes) madvise(out.bytes.get(), alloc, MADV_HUGEPAGE);
+#endif
+  if (!out.bytes)
+    fail("cannot allocate {} bytes to repack a {} x {} {} matrix", bytes, v.n_rows, v.k,
+         dtype_name(v.type));
+  out.size = bytes;
+  const int64_t groups = (v.n_rows + kRepackRows - 1) / kRepackRows;
+  uint8_t* dst = out.bytes.get();
+  pool.parallel_for(groups, [&](int64_t g0, int64_t g1, int) {
+    const int64_t r0 = g0 * kRepackRows, r1 = std::min(v.n_rows, g1 * kRepackRows);
+    kern.repack(v.data + r0 * v.row_bytes, v.row_bytes, v.k, r1 - r0, dst + r0 * rb);
+  });
+  v.data = dst;
+  v.row_bytes = rb;
 }
 
 void quantize_row_q8_act(const float* x, BlockQ8Act* out, int64_t k) {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "barata/dtype.h"
@@ -42,11 +43,26 @@ struct MatmulKernel {
   ActFormat act;
   DotTileFn dot_tile;
   int64_t k_multiple = 0;  // rows must be a multiple of this long (0: 32 for kQ8, any for kF32)
+  // Load-time repacking (null: the kernel reads the file's rows as they are).
+  // The CPU backend copies the matrix into repacked_bytes(k, n_rows) bytes with
+  // repack(); the kernel then gets tiles whose first row is a multiple of
+  // kRepackRows, at w + first_row * repacked_row_bytes(k).
+  size_t (*repacked_row_bytes)(int64_t k) = nullptr;
+  void (*repack)(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_rows,
+                 uint8_t* dst) = nullptr;
   bool takes(int64_t k) const {
     const int64_t m = k_multiple != 0 ? k_multiple : act == ActFormat::kQ8 ? 32 : 1;
     return k % m == 0;
   }
 };
+
+// Rows per interleaved group of the repacked layouts (the matmul driver's row
+// tiles are multiples of it; matrices are padded to whole groups).
+inline constexpr int64_t kRepackRows = 16;
+inline size_t repacked_bytes(const MatmulKernel& kern, int64_t k, int64_t n_rows) {
+  const int64_t groups = (n_rows + kRepackRows - 1) / kRepackRows;
+  return static_cast<size_t>(groups * kRepackRows) * kern.repacked_row_bytes(k);
+}
 
 // The kernel bound to weights of type t with rows of k on this CPU (the
 // 8-bit-activation kernels need k to be a multiple of 32; other rows get the
@@ -54,7 +70,12 @@ struct MatmulKernel {
 const MatmulKernel& cpu_matmul_kernel(DType t, int64_t k);
 // The same for a given instruction set (which must be available: isa.h).
 enum class CpuIsa;
-const MatmulKernel& cpu_matmul_kernel(DType t, int64_t k, CpuIsa isa);
+// With allow_repack, a kernel that wants its matrix repacked may be chosen
+// (the caller then repacks: see MatmulKernel::repack); without, only kernels
+// that read the file's layout.
+const MatmulKernel& cpu_matmul_kernel(DType t, int64_t k, CpuIsa isa, bool allow_repack = false);
+// BARATA_REPACK=0 turns load-time repacking off (for comparisons; default on).
+bool cpu_repack_enabled();
 // The generic kernel (dequantize a row, fp32 dot) for any type: the reference
 // that the fast kernels are tested against.
 const MatmulKernel& cpu_reference_kernel(DType t);
@@ -73,6 +94,18 @@ struct WeightView {
 // The view of a GGUF tensor's data (data points at the tensor, header included):
 // rows, row stride, scale and the kernel for this CPU.
 WeightView make_weight_view(DType type, int64_t k, int64_t n_rows, const uint8_t* tensor_data);
+
+// A matrix copied into its kernel's repacked layout (64-byte aligned).
+struct RepackedMatrix {
+  struct Free {
+    void operator()(uint8_t* p) const;
+  };
+  std::unique_ptr<uint8_t, Free> bytes;
+  size_t size = 0;
+};
+// When view's kernel (chosen with allow_repack) wants its matrix repacked:
+// repacks it into `out`, on the pool, and points the view at the copy.
+void repack_weight(ThreadPool& pool, WeightView& view, RepackedMatrix& out);
 
 // Activations converted once for a kernel's ActFormat, reused by every weight
 // that reads the same input (q, k and v; gate and up).
