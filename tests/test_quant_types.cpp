@@ -323,8 +323,12 @@ TEST(QuantKernels, RepackedLayoutsGiveTheBitsOfTheFileLayout) {
   ThreadPool pool(2);
   uint32_t seed = 900;
   int n_checked = 0;
-  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::IQ4_NL, DType::Q8_0}) {
-    for (int64_t k : {32, 96, 256, 576}) {
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::IQ4_NL, DType::Q8_0, DType::Q4_K,
+                  DType::Q5_K, DType::Q6_K}) {
+    const bool k_quant = t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+    const std::vector<int64_t> ks = k_quant ? std::vector<int64_t>{256, 512, 1536, 768}
+                                            : std::vector<int64_t>{32, 96, 256, 576};
+    for (int64_t k : ks) {
       for (int64_t n_rows : {1, 15, 16, 17, 37, 64}) {
         for (int64_t n_tok : {1, 2, 3, 5, 8, 9, 33}) {
           SCOPED_TRACE(testing::Message()
@@ -355,7 +359,7 @@ TEST(QuantKernels, RepackedLayoutsGiveTheBitsOfTheFileLayout) {
     }
   }
   set_cpu_isa(saved);
-  EXPECT_EQ(n_checked, 5 * 4 * 6 * 7);
+  EXPECT_EQ(n_checked, 8 * 4 * 6 * 7);
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, QuantKernelsIsa, testing::ValuesIn(kAllCpuIsas),

@@ -20,6 +20,7 @@
 // Float types (F32, F16, BF16, fp32 activations): the same tiling, 16 weights
 // per step, widened in registers; the row's tail goes through masked loads.
 #include <cstring>
+#include <type_traits>
 
 #include "barata/half.h"
 #include "barata/quant_blocks.h"
@@ -398,16 +399,19 @@ void q_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k
 
 // ---- float weights, fp32 activations ------------------------------------------------
 struct F32W {
+  static constexpr int64_t kBytes = 4;
   static __m512 load(const uint8_t* row, int64_t i, __mmask16 m) {
     return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + i);
   }
 };
 struct F16W {
+  static constexpr int64_t kBytes = 2;
   static __m512 load(const uint8_t* row, int64_t i, __mmask16 m) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + i));
   }
 };
 struct BF16W {
+  static constexpr int64_t kBytes = 2;
   static __m512 load(const uint8_t* row, int64_t i, __mmask16 m) {
     const __m256i h = _mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + i);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -419,16 +423,24 @@ void f_tile(const uint8_t* const* rows, int64_t k, const float* const* x, float*
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < k; i += 16) {
-    const __mmask16 m =
-        k - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (k - i)) - 1);
+  auto step = [&](int64_t i, __mmask16 m) {
     __m512 wv[R];
     for (int r = 0; r < R; ++r) wv[r] = W::load(rows[r], i, m);
     for (int t = 0; t < T; ++t) {
       const __m512 xv = _mm512_maskz_loadu_ps(m, x[t] + i);
       for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
     }
+  };
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    // Each row is its own stream, too short for the hardware prefetcher to
+    // ramp up on: ask for the line 2 KiB ahead once per line.
+    if (i % (64 / W::kBytes) == 0)
+      for (int r = 0; r < R; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r]) + i * W::kBytes + 2048, _MM_HINT_T0);
+    step(i, static_cast<__mmask16>(0xffff));
   }
+  if (i < k) step(i, static_cast<__mmask16>((1u << (k - i)) - 1));
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t)
       out[static_cast<size_t>(t) * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
@@ -763,6 +775,307 @@ void rq_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
   }
 }
 
+// ---- repacked K-quants (Q4_K, Q5_K, Q6_K) ------------------------------------------
+// The same 16-row interleaving, per block of 32 weights (a K-quant sub-block),
+// with the super-block's scales kept compact: per group and super-block of
+// 256, the 16 rows' fp16 d (and dmin) and their 6-bit sub-block scales (and
+// mins) as bytes. Per block b, row r:
+//     Q4_K / Q5_K: u = q (0..15 / 0..31), dv = float(sc) * d, mv = -(float(m) * dmin),
+//                  acc = fma(float(isum), dv * d_x, acc); acc = fma(mv, s_x, acc)
+//     Q6_K:        u = q (0..63), two sub-blocks of 16 with int8 scales sc_a, sc_b:
+//                  isum_h = sum over the half of u * x - 32 * (the half's sum of x),
+//                  acc = fma(float(isum_a), float(sc_a) * d * d_x, acc);
+//                  acc = fma(float(isum_b), float(sc_b) * d * d_x, acc)
+// kq_tile_rows does the same on the file's rows.
+enum class KKind { kQ4K, kQ5K, kQ6K };
+
+template <KKind K>
+struct KLayout {
+  static constexpr size_t kCodes = 256;  // nibble words, as the 4-bit types above
+  static constexpr size_t kHigh = K == KKind::kQ5K ? 64 : K == KKind::kQ6K ? 128 : 0;
+  // per super-block: d[16] fp16, (dmin[16] fp16), scales: Q4_K/Q5_K sc[8][16], m[8][16]; Q6_K
+  // sc[16][16]
+  static constexpr size_t kSuper = K == KKind::kQ6K ? 32 + 256 : 64 + 256;
+  static constexpr size_t kGroupPerSuper = 8 * (kCodes + kHigh) + kSuper;  // 16 rows x 256
+};
+
+// Row r's sub-block b: codes, the raw fp16 d / dmin and the integer scales.
+struct KRowBlock {
+  uint8_t u[32];
+  uint16_t d, dmin;
+  int sc_a, sc_b, m;  // Q4_K/Q5_K: sc_a and m; Q6_K: sc_a (weights 0..15), sc_b (16..31)
+};
+
+template <KKind K>
+KRowBlock k_row_block(const uint8_t* row, int64_t b) {
+  KRowBlock o{};
+  const int j = static_cast<int>(b % 8);
+  if constexpr (K == KKind::kQ6K) {
+    const BlockQ6_K& x = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
+    const int h = j / 4, jj = j % 4;
+    for (int l = 0; l < 32; ++l) {
+      const int lo = (x.ql[64 * h + 32 * (jj % 2) + l] >> (4 * (jj / 2))) & 0x0f;
+      const int hi = (x.qh[32 * h + l] >> (2 * jj)) & 0x03;
+      o.u[l] = static_cast<uint8_t>(lo | (hi << 4));
+    }
+    o.d = x.d;
+    o.sc_a = x.scales[2 * j];
+    o.sc_b = x.scales[2 * j + 1];
+  } else {
+    using Block = std::conditional_t<K == KKind::kQ4K, BlockQ4_K, BlockQ5_K>;
+    const Block& x = reinterpret_cast<const Block*>(row)[b / 8];
+    for (int l = 0; l < 32; ++l) {
+      int q = (x.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0f;
+      if constexpr (K == KKind::kQ5K) q |= ((x.qh[l] >> j) & 1) << 4;
+      o.u[l] = static_cast<uint8_t>(q);
+    }
+    o.d = x.d;
+    o.dmin = x.dmin;
+    scale_min(x.scales, j, o.sc_a, o.m);
+  }
+  return o;
+}
+
+template <KKind K>
+size_t k_row_bytes(int64_t k) {
+  return static_cast<size_t>(k / 256) * KLayout<K>::kGroupPerSuper / 16;
+}
+
+template <KKind K>
+void k_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_rows, uint8_t* dst) {
+  using L = KLayout<K>;
+  const int64_t nb = k / 32, nsb = k / 256;
+  const int64_t groups = (n_rows + 15) / 16;
+  const size_t group_bytes = static_cast<size_t>(nsb) * L::kGroupPerSuper;
+  std::memset(dst, 0, static_cast<size_t>(groups) * group_bytes);
+  for (int64_t g = 0; g < groups; ++g) {
+    uint8_t* codes = dst + g * group_bytes;
+    uint8_t* high = codes + nb * L::kCodes;
+    uint8_t* super = high + nb * L::kHigh;
+    for (int64_t r = 0; r < 16 && g * 16 + r < n_rows; ++r) {
+      const uint8_t* row = src + (g * 16 + r) * src_row_bytes;
+      for (int64_t b = 0; b < nb; ++b) {
+        const KRowBlock kb = k_row_block<K>(row, b);
+        uint8_t* c = codes + b * L::kCodes;
+        for (int i = 0; i < 4; ++i)
+          for (int j = 0; j < 4; ++j)
+            c[64 * i + 4 * r + j] = static_cast<uint8_t>((kb.u[8 * i + j] & 0x0f) |
+                                                         ((kb.u[8 * i + 4 + j] & 0x0f) << 4));
+        uint8_t* h = high + b * L::kHigh;
+        for (int gi = 0; gi < 8; ++gi)
+          for (int j = 0; j < 4; ++j) {
+            const int hb = kb.u[4 * gi + j] >> 4, bit = 4 * static_cast<int>(r) + j;
+            if constexpr (K == KKind::kQ5K) {
+              if (hb) h[8 * gi + bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
+            } else if constexpr (K == KKind::kQ6K) {
+              // word gi / 4, byte 4r + j, bits 2 (gi % 4) .. + 1
+              h[64 * (gi / 4) + bit] |= static_cast<uint8_t>(hb << (2 * (gi % 4)));
+            }
+          }
+        uint8_t* sp = super + (b / 8) * L::kSuper;
+        const int sub = static_cast<int>(b % 8);
+        std::memcpy(sp + 2 * r, &kb.d, 2);
+        if constexpr (K == KKind::kQ6K) {
+          sp[32 + 16 * (2 * sub) + r] = static_cast<uint8_t>(static_cast<int8_t>(kb.sc_a));
+          sp[32 + 16 * (2 * sub + 1) + r] = static_cast<uint8_t>(static_cast<int8_t>(kb.sc_b));
+        } else {
+          std::memcpy(sp + 32 + 2 * r, &kb.dmin, 2);
+          sp[64 + 16 * sub + r] = static_cast<uint8_t>(kb.sc_a);
+          sp[64 + 128 + 16 * sub + r] = static_cast<uint8_t>(kb.m);
+        }
+      }
+    }
+  }
+}
+
+// Sums of the activation's int8 values over weights 0..15 and 16..31.
+inline void half_sums(const int8_t* q, int32_t& a, int32_t& b) {
+  const __m256i v = _mm256_xor_si256(load256(q), _mm256_set1_epi8(static_cast<char>(0x80)));
+  const __m256i sad = _mm256_sad_epu8(v, _mm256_setzero_si256());  // 4 x sum of 8 (x + 128)
+  const __m256i pair = _mm256_add_epi64(sad, _mm256_shuffle_epi32(sad, 0x4e));
+  a = _mm256_cvtsi256_si32(pair) - 16 * 128;
+  b = _mm_cvtsi128_si32(_mm256_extracti128_si256(pair, 1)) - 16 * 128;
+}
+
+template <KKind K, int T>
+void k_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* out, size_t ldy,
+            int n_valid) {
+  using L = KLayout<K>;
+  const uint8_t* codes = grp;
+  const uint8_t* high = codes + nb * L::kCodes;
+  const uint8_t* super = high + nb * L::kHigh;
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  const __m512 neg = _mm512_set1_ps(-0.0f);
+  __m512 dvec = _mm512_setzero_ps(), dminv = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* sp = super + (b / 8) * L::kSuper;
+    const int sub = static_cast<int>(b % 8);
+    if (sub == 0) {
+      dvec = _mm512_cvtph_ps(load256(sp));
+      if constexpr (K != KKind::kQ6K) dminv = _mm512_cvtph_ps(load256(sp + 32));
+    }
+    const uint8_t* c = codes + b * L::kCodes;
+    {
+      constexpr int64_t kAhead = kAheadBytes / static_cast<int64_t>(L::kCodes + L::kHigh);
+      for (size_t i = 0; i < L::kCodes; i += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(c) + kAhead * L::kCodes + i, _MM_HINT_T0);
+      for (size_t i = 0; i < L::kHigh; i += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(high + (b + kAhead) * L::kHigh + i),
+                     _MM_HINT_T0);
+    }
+    __m512i u[8];
+    for (int i = 0; i < 4; ++i) {
+      const __m512i w = _mm512_loadu_si512(c + 64 * i);
+      u[2 * i] = _mm512_and_si512(w, low);
+      u[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+    }
+    const uint8_t* h = high + b * L::kHigh;
+    if constexpr (K == KKind::kQ5K) {
+      for (int g = 0; g < 8; ++g) {
+        uint64_t bits;
+        std::memcpy(&bits, h + 8 * g, 8);
+        u[g] = _mm512_mask_add_epi8(u[g], static_cast<__mmask64>(bits), u[g], _mm512_set1_epi8(16));
+      }
+    } else if constexpr (K == KKind::kQ6K) {
+      const __m512i three = _mm512_set1_epi8(0x03);
+      for (int hw = 0; hw < 2; ++hw) {
+        const __m512i w = _mm512_loadu_si512(h + 64 * hw);
+        for (int s = 0; s < 4; ++s) {
+          const __m512i hb = _mm512_and_si512(_mm512_srli_epi16(w, 2 * s), three);
+          u[4 * hw + s] = _mm512_or_si512(u[4 * hw + s], _mm512_slli_epi16(hb, 4));
+        }
+      }
+    }
+    auto scale = [&](const uint8_t* bytes, bool is_signed) {
+      const __m128i v = load128(bytes);
+      return _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v));
+    };
+    if constexpr (K == KKind::kQ6K) {
+      const __m512 dva = _mm512_mul_ps(scale(sp + 32 + 16 * (2 * sub), true), dvec);
+      const __m512 dvb = _mm512_mul_ps(scale(sp + 32 + 16 * (2 * sub + 1), true), dvec);
+      for (int t = 0; t < T; ++t) {
+        const BlockQ8Act& xb = x[t][b];
+        int32_t sa, sb;
+        half_sums(xb.q, sa, sb);
+        __m512i a0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-32 * sa), u[0], bcast4(xb.q));
+        __m512i a1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], bcast4(xb.q + 4));
+        __m512i b0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-32 * sb), u[4], bcast4(xb.q + 16));
+        __m512i b1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[5], bcast4(xb.q + 20));
+        a0 = _mm512_dpbusd_epi32(a0, u[2], bcast4(xb.q + 8));
+        a1 = _mm512_dpbusd_epi32(a1, u[3], bcast4(xb.q + 12));
+        b0 = _mm512_dpbusd_epi32(b0, u[6], bcast4(xb.q + 24));
+        b1 = _mm512_dpbusd_epi32(b1, u[7], bcast4(xb.q + 28));
+        const __m512 dx = _mm512_set1_ps(xb.d);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)),
+                                 _mm512_mul_ps(dva, dx), acc[t]);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(b0, b1)),
+                                 _mm512_mul_ps(dvb, dx), acc[t]);
+      }
+    } else {
+      const __m512 dv = _mm512_mul_ps(scale(sp + 64 + 16 * sub, false), dvec);
+      const __m512 mv =
+          _mm512_xor_ps(_mm512_mul_ps(scale(sp + 64 + 128 + 16 * sub, false), dminv), neg);
+      for (int t = 0; t < T; ++t) {
+        const BlockQ8Act& xb = x[t][b];
+        __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], bcast4(xb.q));
+        __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], bcast4(xb.q + 4));
+        i0 = _mm512_dpbusd_epi32(i0, u[2], bcast4(xb.q + 8));
+        i1 = _mm512_dpbusd_epi32(i1, u[3], bcast4(xb.q + 12));
+        i0 = _mm512_dpbusd_epi32(i0, u[4], bcast4(xb.q + 16));
+        i1 = _mm512_dpbusd_epi32(i1, u[5], bcast4(xb.q + 20));
+        i0 = _mm512_dpbusd_epi32(i0, u[6], bcast4(xb.q + 24));
+        i1 = _mm512_dpbusd_epi32(i1, u[7], bcast4(xb.q + 28));
+        const __m512 p = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
+        acc[t] = _mm512_fmadd_ps(p, _mm512_mul_ps(dv, _mm512_set1_ps(xb.d)), acc[t]);
+        acc[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xb.s), acc[t]);
+      }
+    }
+  }
+  const __mmask16 m = static_cast<__mmask16>((1u << n_valid) - 1);
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(out + static_cast<size_t>(t) * ldy, m, acc[t]);
+}
+
+template <KKind K>
+void k_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                   const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                   size_t ldy) {
+  const int64_t nb = k / 32;
+  for (int64_t g = 0; g * 16 < n_rows; ++g) {
+    const uint8_t* grp = w + static_cast<size_t>(g * 16) * row_bytes;
+    const int n_valid = static_cast<int>(std::min<int64_t>(16, n_rows - g * 16));
+    for (int64_t t = 0; t < n_tokens;) {
+      const BlockQ8Act* x[8];
+      const int64_t left = n_tokens - t;
+      const int nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+      for (int i = 0; i < nt; ++i) x[i] = act_row(acts, act_stride, t + i);
+      float* ot = out + g * 16 + static_cast<size_t>(t) * ldy;
+      switch (nt) {
+        case 8:
+          k_tile<K, 8>(grp, nb, x, ot, ldy, n_valid);
+          break;
+        case 4:
+          k_tile<K, 4>(grp, nb, x, ot, ldy, n_valid);
+          break;
+        case 2:
+          k_tile<K, 2>(grp, nb, x, ot, ldy, n_valid);
+          break;
+        default:
+          k_tile<K, 1>(grp, nb, x, ot, ldy, n_valid);
+          break;
+      }
+      t += nt;
+    }
+  }
+}
+
+// Exact integer dot of 32 codes with 32 activation bytes, over [lo, hi).
+inline int32_t code_dot(const uint8_t* u, const int8_t* q, int lo, int hi) {
+  int32_t s = 0;
+  for (int j = lo; j < hi; ++j) s += static_cast<int32_t>(u[j]) * q[j];
+  return s;
+}
+
+template <KKind K>
+void kq_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                  const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                  size_t ldy) {
+  const int64_t nb = k / 32;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * row_bytes;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const BlockQ8Act* x = act_row(acts, act_stride, t);
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const KRowBlock kb = k_row_block<K>(row, b);
+        const float d = fp16_to_fp32(kb.d);
+        if constexpr (K == KKind::kQ6K) {
+          int32_t sa, sb;
+          half_sums(x[b].q, sa, sb);
+          const int32_t ia = code_dot(kb.u, x[b].q, 0, 16) - 32 * sa;
+          const int32_t ib = code_dot(kb.u, x[b].q, 16, 32) - 32 * sb;
+          acc = std::fma(static_cast<float>(ia), static_cast<float>(kb.sc_a) * d * x[b].d, acc);
+          acc = std::fma(static_cast<float>(ib), static_cast<float>(kb.sc_b) * d * x[b].d, acc);
+        } else {
+          const float dv = static_cast<float>(kb.sc_a) * d;
+          const float mv = -(static_cast<float>(kb.m) * fp16_to_fp32(kb.dmin));
+          acc = std::fma(static_cast<float>(code_dot(kb.u, x[b].q, 0, 32)), dv * x[b].d, acc);
+          acc = std::fma(mv, x[b].s, acc);
+        }
+      }
+      out[t * ldy + r] = acc;
+    }
+  }
+}
+
+#define BARATA_K_KERNELS(T, name, K)                                           \
+  MatmulKernel{DType::T, name ".r16.avx512", ActFormat::kQ8, k_matmul_tile<K>, \
+               256,      k_row_bytes<K>,     k_repack<K>},                     \
+      MatmulKernel {                                                           \
+    DType::T, name ".q8.avx512", ActFormat::kQ8, kq_tile_rows<K>, 256          \
+  }
+
 #define BARATA_R_KERNELS(T, name, K)                                           \
   MatmulKernel{DType::T, name ".r16.avx512", ActFormat::kQ8, r_matmul_tile<K>, \
                32,       r_row_bytes<K>,     r_repack<K>},                     \
@@ -791,9 +1104,9 @@ const MatmulKernel kAvx512Kernels[] = {
     BARATA_R_KERNELS(IQ4_NL, "iq4_nl", RKind::kNibTable),
     BARATA_R_KERNELS(Q8_0, "q8_0", RKind::kByte),
     BARATA_Q_KERNEL(Q5_1, "q5_1", Q5_1D),
-    BARATA_Q_KERNEL(Q4_K, "q4_k", Q4_KD),
-    BARATA_Q_KERNEL(Q5_K, "q5_k", Q5_KD),
-    BARATA_Q_KERNEL(Q6_K, "q6_k", Q6_KD),
+    BARATA_K_KERNELS(Q4_K, "q4_k", KKind::kQ4K),
+    BARATA_K_KERNELS(Q5_K, "q5_k", KKind::kQ5K),
+    BARATA_K_KERNELS(Q6_K, "q6_k", KKind::kQ6K),
     BARATA_Q_KERNEL(I8_TENSOR, "i8_tensor", I8D<RowScale::kNone>),
     BARATA_Q_KERNEL(I8_ROW, "i8_row", I8D<RowScale::kHeader>),
     BARATA_Q_KERNEL(I4_TENSOR, "i4_tensor", I4D<RowScale::kNone>),
