@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include <spdlog/spdlog.h>
 
@@ -85,6 +86,7 @@ class CpuBackend final : public Backend {
     model_ = &model;
     n_ctx_ = n_ctx;
     views_.assign(static_cast<size_t>(model.n_matrices()), WeightView{});
+    embed_row_ = dtype_traits(model.token_embd().type).dequantize_row;
     repacked_.clear();
     repacked_.resize(static_cast<size_t>(model.n_matrices()));
     const CpuIsa isa = cpu_isa();
@@ -119,15 +121,25 @@ class CpuBackend final : public Backend {
   float* act(Act a) override { return bufs_[static_cast<size_t>(a)].data(); }
 
   void embed(float* x) override {
-    const int64_t d = model_->config().d_model;
-    for (int64_t t = 0; t < batch_->size(); ++t) model_->embed(batch_->tokens[t], x + t * d);
+    // As Model::embed, with the row decoder looked up once at prepare.
+    const WeightDesc& e = model_->token_embd();
+    const int64_t d = model_->config().d_model, n_vocab = model_->config().n_vocab;
+    for (int64_t t = 0; t < batch_->size(); ++t) {
+      const int32_t token = batch_->tokens[t];
+      if (token < 0 || token >= n_vocab)
+        fail("token id {} is outside the vocabulary (0..{})", token, n_vocab - 1);
+      embed_row_(e.data + static_cast<size_t>(token) * e.row_bytes, x + t * d, e.k);
+      if (e.scale != 1.0f)
+        for (int64_t j = 0; j < e.k; ++j) x[t * d + j] *= e.scale;
+    }
     wrote(x);
   }
 
   void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t d) override {
     const float eps = model_->config().norm_eps;
-    for (int64_t t = 0; t < batch_->size(); ++t)
-      rms_norm_row(x + t * d, w.data(), y + t * d, d, eps);
+    rows(batch_->size(), d, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) rms_norm_row(x + t * d, w.data(), y + t * d, d, eps);
+    });
     wrote(y);
   }
 
@@ -139,8 +151,10 @@ class CpuBackend final : public Backend {
 
   void add_bias(float* y, const std::vector<float>& b) override {
     const int64_t n = static_cast<int64_t>(b.size());
-    for (int64_t t = 0; t < batch_->size(); ++t)
-      for (int64_t i = 0; i < n; ++i) y[t * n + i] += b[i];
+    rows(batch_->size(), n, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t i = 0; i < n; ++i) y[t * n + i] += b[i];
+    });
     wrote(y);
   }
 
@@ -148,15 +162,19 @@ class CpuBackend final : public Backend {
   void attention(int64_t layer, const float* q, float* out) override;
 
   void swiglu(float* gate, const float* up, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = gate[i];
-      gate[i] = g / (1.0f + std::exp(-g)) * up[i];
-    }
+    elements(n, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const float g = gate[i];
+        gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+      }
+    });
     wrote(gate);
   }
 
   void add(float* x, const float* y, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+    elements(n, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) x[i] += y[i];
+    });
     wrote(x);
   }
 
@@ -170,8 +188,9 @@ class CpuBackend final : public Backend {
                    c.norm_eps);
     wrote(xn);
     const WeightView& out = views_[static_cast<size_t>(model_->output().id)];
-    PreparedActs a;
-    prepare_acts(*pool_, out.kernel->act, xn, n_out, d, a);
+    PreparedActs& a = out.kernel->act == ActFormat::kQ8 ? acts_q8_ : acts_f32_;
+    prepare_acts(*pool_, out.kernel->act, xn, n_out, d, a);  // reuses a's buffer
+    a.source = xn;
     barata::matmul(*pool_, out, a, host_logits, out.n_rows);
   }
 
@@ -227,12 +246,28 @@ class CpuBackend final : public Backend {
   void ensure_scratch(int64_t n);
   void ensure_rope(int64_t n_pos);
 
+  // Element-wise work on the pool when it is big enough to pay for the fork
+  // (a prefill); a decode step's few thousand elements stay on this thread.
+  static constexpr int64_t kParallelElements = 1 << 15;
+  template <typename F>
+  void elements(int64_t n, F&& fn) {
+    if (n < kParallelElements || pool_->size() == 1) return fn(int64_t{0}, n);
+    pool_->parallel_for(
+        n, [&](int64_t a, int64_t b, int) { fn(a, b); }, 4096);
+  }
+  template <typename F>
+  void rows(int64_t n_rows, int64_t width, F&& fn) {
+    if (n_rows * width < kParallelElements || pool_->size() == 1) return fn(int64_t{0}, n_rows);
+    pool_->parallel_for(n_rows, [&](int64_t a, int64_t b, int) { fn(a, b); });
+  }
+
   std::unique_ptr<ThreadPool> pool_;
   const Model* model_ = nullptr;
   int64_t n_ctx_ = 0;
   std::vector<WeightView> views_;         // by WeightDesc::id
   std::vector<RepackedMatrix> repacked_;  // by id: copies of the matrices whose kernels repack
   std::unique_ptr<HostKvPool> pool_kv_;
+  DequantizeRowFn embed_row_ = nullptr;
   const Batch* batch_ = nullptr;
   int64_t scratch_rows_ = 0;
   std::vector<float> bufs_[static_cast<size_t>(Act::kCount)];
@@ -282,28 +317,39 @@ void CpuBackend::rope_kv(int64_t layer, float* q, float* k, const float* v) {
   const KvLayout& L = pool_kv_->layout();
 
   // RoPE on q and k, in place. Normal style rotates pairs (2i, 2i+1); NeoX
-  // rotates (i, i + rope_dims/2).
-  auto rope = [&](float* x, int64_t pos) {
-    const float* cs = rope_cos_.data() + pos * half;
-    const float* sn = rope_sin_.data() + pos * half;
-    for (int64_t i = 0; i < half; ++i) {
-      const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-      const float x0 = x[a], x1 = x[b];
-      x[a] = x0 * cs[i] - x1 * sn[i];
-      x[b] = x0 * sn[i] + x1 * cs[i];
-    }
+  // rotates (i, i + rope_dims/2). The style is a template argument: the inner
+  // loop has no branch on it.
+  auto run = [&](auto neox_tag) {
+    constexpr bool kNeox = decltype(neox_tag)::value;
+    auto rope = [&](float* x, int64_t pos) {
+      const float* cs = rope_cos_.data() + pos * half;
+      const float* sn = rope_sin_.data() + pos * half;
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t a = kNeox ? i : 2 * i, b = kNeox ? i + half : 2 * i + 1;
+        const float x0 = x[a], x1 = x[b];
+        x[a] = x0 * cs[i] - x1 * sn[i];
+        x[b] = x0 * sn[i] + x1 * cs[i];
+      }
+    };
+    rows(T, q_dim + 2 * kv_dim, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const BatchRowMeta& r = batch_->rows[static_cast<size_t>(t)];
+        for (int64_t h = 0; h < c.n_head; ++h) rope(q + t * q_dim + h * hd, r.pos);
+        for (int64_t h = 0; h < c.n_head_kv; ++h) rope(k + t * kv_dim + h * hd, r.pos);
+        uint16_t* block = pool_kv_->block(r.slot / static_cast<int32_t>(kKvBlockTokens));
+        uint16_t* kc = block + L.offset(layer, 0, r.slot % kKvBlockTokens);
+        uint16_t* vc = block + L.offset(layer, 1, r.slot % kKvBlockTokens);
+        for (int64_t i = 0; i < kv_dim; ++i) {
+          kc[i] = fp32_to_fp16(k[t * kv_dim + i]);
+          vc[i] = fp32_to_fp16(v[t * kv_dim + i]);
+        }
+      }
+    });
   };
-  for (int64_t t = 0; t < T; ++t) {
-    const BatchRowMeta& r = batch_->rows[static_cast<size_t>(t)];
-    for (int64_t h = 0; h < c.n_head; ++h) rope(q + t * q_dim + h * hd, r.pos);
-    for (int64_t h = 0; h < c.n_head_kv; ++h) rope(k + t * kv_dim + h * hd, r.pos);
-    uint16_t* block = pool_kv_->block(r.slot / static_cast<int32_t>(kKvBlockTokens));
-    uint16_t* kc = block + L.offset(layer, 0, r.slot % kKvBlockTokens);
-    uint16_t* vc = block + L.offset(layer, 1, r.slot % kKvBlockTokens);
-    for (int64_t i = 0; i < kv_dim; ++i) {
-      kc[i] = fp32_to_fp16(k[t * kv_dim + i]);
-      vc[i] = fp32_to_fp16(v[t * kv_dim + i]);
-    }
+  if (neox) {
+    run(std::true_type{});
+  } else {
+    run(std::false_type{});
   }
   wrote(q);
   wrote(k);
