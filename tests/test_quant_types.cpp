@@ -324,7 +324,7 @@ TEST(QuantKernels, RepackedLayoutsGiveTheBitsOfTheFileLayout) {
   uint32_t seed = 900;
   int n_checked = 0;
   for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::IQ4_NL, DType::Q8_0, DType::Q4_K,
-                  DType::Q5_K, DType::Q6_K}) {
+                  DType::Q5_K, DType::Q6_K, DType::I4_G128, DType::I4_TENSOR}) {
     const bool k_quant = t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
     const std::vector<int64_t> ks = k_quant ? std::vector<int64_t>{256, 512, 1536, 768}
                                             : std::vector<int64_t>{32, 96, 256, 576};
@@ -359,7 +359,7 @@ TEST(QuantKernels, RepackedLayoutsGiveTheBitsOfTheFileLayout) {
     }
   }
   set_cpu_isa(saved);
-  EXPECT_EQ(n_checked, 8 * 4 * 6 * 7);
+  EXPECT_EQ(n_checked, 10 * 4 * 6 * 7);
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, QuantKernelsIsa, testing::ValuesIn(kAllCpuIsas),

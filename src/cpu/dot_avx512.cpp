@@ -519,7 +519,10 @@ void f_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k
 #ifndef BARATA_R_AHEAD
 #define BARATA_R_AHEAD 4096
 #endif
-enum class RKind { kNib, kNibMin, kNib5, kNibTable, kByte };
+// kI4G128 / kI4Tensor: barata's int4 group-128 and per-tensor rows (stored
+// level + 8 in Q4_0's nibble order; d = the group's fp16 scale, or 1 with the
+// tensor's scale applied by the matmul driver), mv = -8 d: the kNib layout.
+enum class RKind { kNib, kNibMin, kNib5, kNibTable, kByte, kI4G128, kI4Tensor };
 
 template <RKind K>
 struct RLayout {
@@ -540,7 +543,7 @@ struct RowBlock {
 };
 
 template <RKind K>
-RowBlock row_block(const uint8_t* row, int64_t b) {
+RowBlock row_block(const uint8_t* row, int64_t b, int64_t nb) {
   RowBlock o{};
   auto nibbles = [&](const uint8_t* qs) {
     for (int j = 0; j < 16; ++j) {
@@ -548,7 +551,15 @@ RowBlock row_block(const uint8_t* row, int64_t b) {
       o.u[j + 16] = qs[j] >> 4;
     }
   };
-  if constexpr (K == RKind::kNib || K == RKind::kNibTable) {
+  if constexpr (K == RKind::kI4G128 || K == RKind::kI4Tensor) {
+    const uint8_t* q = row + (K == RKind::kI4G128 ? 2 * ((nb + 3) / 4) : 0);
+    nibbles(q + 16 * b);
+    if constexpr (K == RKind::kI4G128) {
+      std::memcpy(&o.d, row + 2 * (b / 4), 2);
+    } else {
+      o.d = 0x3c00;  // 1.0
+    }
+  } else if constexpr (K == RKind::kNib || K == RKind::kNibTable) {
     const auto& x = reinterpret_cast<const BlockQ4_0*>(row)[b];  // IQ4_NL has the same layout
     nibbles(x.qs);
     o.d = x.d;
@@ -593,7 +604,7 @@ void r_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_row
     for (int64_t r = 0; r < 16 && g * 16 + r < n_rows; ++r) {
       const uint8_t* row = src + (g * 16 + r) * src_row_bytes;
       for (int64_t b = 0; b < nb; ++b) {
-        RowBlock rb = row_block<K>(row, b);
+        RowBlock rb = row_block<K>(row, b, nb);
         uint8_t* c = codes + b * L::kCodes;
         if constexpr (K == RKind::kByte) {
           for (int gi = 0; gi < 8; ++gi)
@@ -756,7 +767,7 @@ void rq_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
       const BlockQ8Act* x = act_row(acts, act_stride, t);
       float acc = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
-        const RowBlock rb = row_block<K>(row, b);
+        const RowBlock rb = row_block<K>(row, b, nb);
         const __m256i u = load256(rb.u);
         const __m256i q = load256(x[b].q);
         const __m256i s8 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, q);
@@ -1083,6 +1094,88 @@ void kq_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
     DType::T, name ".q8.avx512", ActFormat::kQ8, rq_tile_rows<K>, 32           \
   }
 
+// ---- NF4 block-64, fp32 activations -------------------------------------------------
+// The code book is 16 floats: one vpermps looks up 16 weights at once, from a
+// copy of the book scaled by the block's d. 64 weights are four lookups;
+// R rows x T tokens per tile, as above.
+inline void nf4_block(const BlockNF4& blk, const __m512 book, __m512 v[4]) {
+  const __m512 book_d = _mm512_mul_ps(book, _mm512_set1_ps(fp16_to_fp32(blk.d)));
+  for (int h = 0; h < 2; ++h) {  // weights 32h .. 32h + 31: Q4_0's nibble order
+    const __m512i bytes = _mm512_cvtepu8_epi32(load128(blk.qs + 16 * h));
+    const __m512i lo = _mm512_and_si512(bytes, _mm512_set1_epi32(0x0f));
+    const __m512i hi = _mm512_srli_epi32(bytes, 4);
+    v[2 * h] = _mm512_permutexvar_ps(lo, book_d);
+    v[2 * h + 1] = _mm512_permutexvar_ps(hi, book_d);
+  }
+}
+
+template <int R, int T>
+void nf4_tile(const uint8_t* const* rows, int64_t nb, const float* const* x, float* out,
+              size_t ldy) {
+  const __m512 book = _mm512_loadu_ps(kNF4Values);
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512 v[R][4];
+    for (int r = 0; r < R; ++r) {
+      const BlockNF4* blk = reinterpret_cast<const BlockNF4*>(rows[r]) + b;
+      _mm_prefetch(reinterpret_cast<const char*>(blk) + 2048, _MM_HINT_T0);
+      nf4_block(*blk, book, v[r]);
+    }
+    for (int t = 0; t < T; ++t) {
+      for (int q = 0; q < 4; ++q) {
+        const __m512 xv = _mm512_loadu_ps(x[t] + 64 * b + 16 * q);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(v[r][q], xv, acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      out[static_cast<size_t>(t) * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+template <int R>
+void nf4_tokens(const uint8_t* const* rows, int64_t nb, const uint8_t* acts, size_t act_stride,
+                int64_t n_tokens, float* out, size_t ldy) {
+  for (int64_t t = 0; t < n_tokens;) {
+    const float* x[4];
+    const int nt = static_cast<int>(std::min<int64_t>(4, n_tokens - t));
+    for (int i = 0; i < nt; ++i) x[i] = reinterpret_cast<const float*>(acts + (t + i) * act_stride);
+    float* o = out + static_cast<size_t>(t) * ldy;
+    switch (nt) {
+      case 4:
+        nf4_tile<R, 4>(rows, nb, x, o, ldy);
+        break;
+      case 3:
+        nf4_tile<R, 3>(rows, nb, x, o, ldy);
+        break;
+      case 2:
+        nf4_tile<R, 2>(rows, nb, x, o, ldy);
+        break;
+      default:
+        nf4_tile<R, 1>(rows, nb, x, o, ldy);
+        break;
+    }
+    t += nt;
+  }
+}
+
+void nf4_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                     const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                     size_t ldy) {
+  const int64_t nb = k / kQKNF4;
+  int64_t r = 0;
+  for (; r + 2 <= n_rows; r += 2) {
+    const uint8_t* rows[2] = {w + r * row_bytes, w + (r + 1) * row_bytes};
+    nf4_tokens<2>(rows, nb, acts, act_stride, n_tokens, out + r, ldy);
+  }
+  for (; r < n_rows; ++r) {
+    const uint8_t* rows[1] = {w + r * row_bytes};
+    nf4_tokens<1>(rows, nb, acts, act_stride, n_tokens, out + r, ldy);
+  }
+}
+
 #define BARATA_Q_KERNEL(T, name, Dec)                                   \
   MatmulKernel {                                                        \
     DType::T, name ".q8.avx512", ActFormat::kQ8, q_matmul_tile<Dec>, 64 \
@@ -1098,6 +1191,7 @@ const MatmulKernel kAvx512Kernels[] = {
     BARATA_F_KERNEL(F32, "f32", F32W),
     BARATA_F_KERNEL(F16, "f16", F16W),
     BARATA_F_KERNEL(BF16, "bf16", BF16W),
+    MatmulKernel{DType::NF4_B64, "nf4_b64.f32.avx512", ActFormat::kF32, nf4_matmul_tile, kQKNF4},
     BARATA_R_KERNELS(Q4_0, "q4_0", RKind::kNib),
     BARATA_R_KERNELS(Q4_1, "q4_1", RKind::kNibMin),
     BARATA_R_KERNELS(Q5_0, "q5_0", RKind::kNib5),
@@ -1109,9 +1203,9 @@ const MatmulKernel kAvx512Kernels[] = {
     BARATA_K_KERNELS(Q6_K, "q6_k", KKind::kQ6K),
     BARATA_Q_KERNEL(I8_TENSOR, "i8_tensor", I8D<RowScale::kNone>),
     BARATA_Q_KERNEL(I8_ROW, "i8_row", I8D<RowScale::kHeader>),
-    BARATA_Q_KERNEL(I4_TENSOR, "i4_tensor", I4D<RowScale::kNone>),
+    BARATA_R_KERNELS(I4_TENSOR, "i4_tensor", RKind::kI4Tensor),
     BARATA_Q_KERNEL(I4_ROW, "i4_row", I4D<RowScale::kHeader>),
-    BARATA_Q_KERNEL(I4_G128, "i4_g128", I4D<RowScale::kGroup128>),
+    BARATA_R_KERNELS(I4_G128, "i4_g128", RKind::kI4G128),
 };
 const size_t kAvx512KernelCount = sizeof kAvx512Kernels / sizeof kAvx512Kernels[0];
 
