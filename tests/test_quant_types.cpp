@@ -323,10 +323,13 @@ TEST(QuantKernels, RepackedLayoutsGiveTheBitsOfTheFileLayout) {
   ThreadPool pool(2);
   uint32_t seed = 900;
   int n_checked = 0;
-  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::IQ4_NL, DType::Q8_0, DType::Q4_K,
-                  DType::Q5_K, DType::Q6_K, DType::I4_G128, DType::I4_TENSOR}) {
+  for (DType t :
+       {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::IQ4_NL, DType::Q8_0, DType::Q4_K, DType::Q5_K,
+        DType::Q6_K, DType::I4_G128, DType::I4_TENSOR, DType::F16, DType::BF16, DType::F32}) {
     const bool k_quant = t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+    const bool f = t == DType::F16 || t == DType::BF16 || t == DType::F32;
     const std::vector<int64_t> ks = k_quant ? std::vector<int64_t>{256, 512, 1536, 768}
+                                    : f     ? std::vector<int64_t>{7, 90, 256, 577}
                                             : std::vector<int64_t>{32, 96, 256, 576};
     for (int64_t k : ks) {
       for (int64_t n_rows : {1, 15, 16, 17, 37, 64}) {
@@ -347,7 +350,7 @@ TEST(QuantKernels, RepackedLayoutsGiveTheBitsOfTheFileLayout) {
           repack_weight(pool, packed, copy);
           ASSERT_NE(packed.data, plain.data);
           PreparedActs acts;
-          prepare_acts(pool, ActFormat::kQ8, x.data(), n_tok, k, acts);
+          prepare_acts(pool, plain.kernel->act, x.data(), n_tok, k, acts);
           std::vector<float> y0(static_cast<size_t>(n_tok * n_rows), -1.0f), y1 = y0;
           matmul(pool, plain, acts, y0.data(), n_rows);
           matmul(pool, packed, acts, y1.data(), n_rows);
@@ -359,7 +362,7 @@ TEST(QuantKernels, RepackedLayoutsGiveTheBitsOfTheFileLayout) {
     }
   }
   set_cpu_isa(saved);
-  EXPECT_EQ(n_checked, 10 * 4 * 6 * 7);
+  EXPECT_EQ(n_checked, 13 * 4 * 6 * 7);
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, QuantKernelsIsa, testing::ValuesIn(kAllCpuIsas),

@@ -1,24 +1,17 @@
-// AVX-512 kernels (F, BW, VL, DQ and VNNI), built only into the avx512 copy.
+// AVX-512 kernels (F, BW, VL, DQ and VNNI), built only into the avx512 copy
+// (see dot.h). docs/cpu.md describes them with their measurements.
 //
-// Quantized types: the weights are read 64 at a time (one "unit": two 32-wide
-// activation blocks) and turned into 64 unsigned bytes q with, per 4-byte
-// lane, a scale dv and for some types a min mv, such that each weight is
-//     w = dv * (q - kOffset)        (Q4_0, Q5_0, Q8_0, IQ4_NL, Q6_K, int8/int4)
-//     w = dv * q + mv               (Q4_1, Q5_1, Q4_K, Q5_K: kMin)
-// vpdpbusd multiplies the 64 q by the activation's 64 int8 values and sums
-// each 4 into 16 int32 lanes: exact integers. The offset rides in the same
-// instruction as its accumulator input (-kOffset * the lane's sum of x); the
-// mins go through one more FMA with d_x * (the lane's sum of x). A lane's 4
-// weights share one activation block, so d_x is a per-lane vector too.
+// Most types run on 16-row interleaved layouts that the CPU backend makes at
+// load (repack functions below; the file stays as it is): one row per lane,
+// so vpdpbusd against 4 broadcast activation bytes (or, for the float types,
+// one FMA against a broadcast x_j) gives 16 rows' partial sums at once and the
+// block scales of 16 rows are one vector. Each such type also has a kernel on
+// the file's rows that does exactly the same operations (bit-identical), used
+// when repacking is off.
 //
-// Tiles: R rows x T tokens in registers (R = 4, T up to 4), so each weight
-// unit is decoded once for T tokens and each activation unit loaded once for
-// R rows. Every output is one accumulator chain whose operations do not
-// depend on R, T or the tile's position, so prefill, decode and any batch
-// width give the same bits.
-//
-// Float types (F32, F16, BF16, fp32 activations): the same tiling, 16 weights
-// per step, widened in registers; the row's tail goes through masked loads.
+// Q5_1, int8 and int4 per row read the file's rows 64 weights per step as 16
+// lanes of 4 ("units"), R rows x T tokens per register tile. NF4 looks its
+// code book up with vpermps.
 #include <cstring>
 #include <type_traits>
 
@@ -67,12 +60,6 @@ inline __m512i spread_runs(__m256i ab) {
 inline __m512i nibble_runs(const uint8_t* a, const uint8_t* b) {
   return spread_runs(_mm256_inserti128_si256(_mm256_castsi128_si256(load128(a)), load128(b), 1));
 }
-// 32 bytes whose low nibbles are elements 0..31 and high nibbles 32..63.
-inline __m512i split_nibbles(__m256i v) {
-  const __m512i z = _mm512_broadcast_i64x4(v);
-  return _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)),
-                          _mm512_set1_epi8(0x0f));
-}
 inline __m512i join(const void* a, const void* b) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(b), 1);
 }
@@ -87,38 +74,18 @@ inline float read_f32(const void* p) {
   return v;
 }
 
-// ---- decoders: unit u (weights 64u .. 64u + 63) of one row --------------------------
+// ---- decoders on the file's rows: unit u (weights 64u .. 64u + 63) of one row ------
+// A unit becomes 64 unsigned bytes q and, per 4-byte lane, a scale dv and for
+// some types a min mv, such that each weight is
+//     w = dv * (q - kOffset)        (int8, int4: kMin false)
+//     w = dv * q + mv               (Q5_1: kMin)
+// vpdpbusd against the activation's 64 int8 values gives exact lane sums; the
+// offset rides in its accumulator input (-kOffset * the lane's sum of x), the
+// mins go through one more FMA with d_x * (the lane's sum of x).
 struct Unit {
   __m512i q;
   __m512 dv;
   __m512 mv;  // kMin types only
-};
-
-struct Q4_0D {
-  static constexpr bool kMin = false;
-  static constexpr int kOffset = 8;
-  const BlockQ4_0* b;
-  Q4_0D(const uint8_t* row, int64_t) : b(reinterpret_cast<const BlockQ4_0*>(row)) {}
-  const void* at(int64_t u) const { return b + 2 * u; }
-  void unit(int64_t u, Unit& o) const {
-    const BlockQ4_0* x = b + 2 * u;
-    o.q = nibble_runs(x[0].qs, x[1].qs);
-    o.dv = halves(fp16_to_fp32(x[0].d), fp16_to_fp32(x[1].d));
-  }
-};
-
-struct Q4_1D {
-  static constexpr bool kMin = true;
-  static constexpr int kOffset = 0;
-  const BlockQ4_1* b;
-  Q4_1D(const uint8_t* row, int64_t) : b(reinterpret_cast<const BlockQ4_1*>(row)) {}
-  const void* at(int64_t u) const { return b + 2 * u; }
-  void unit(int64_t u, Unit& o) const {
-    const BlockQ4_1* x = b + 2 * u;
-    o.q = nibble_runs(x[0].qs, x[1].qs);
-    o.dv = halves(fp16_to_fp32(x[0].d), fp16_to_fp32(x[1].d));
-    o.mv = halves(fp16_to_fp32(x[0].m), fp16_to_fp32(x[1].m));
-  }
 };
 
 // The fifth bits of two blocks (32 each, bit i = element i) added as 16.
@@ -126,19 +93,6 @@ inline __m512i add_fifth(__m512i q, uint32_t qa, uint32_t qb) {
   const __mmask64 m = static_cast<__mmask64>(qa) | (static_cast<__mmask64>(qb) << 32);
   return _mm512_mask_add_epi8(q, m, q, _mm512_set1_epi8(16));
 }
-
-struct Q5_0D {
-  static constexpr bool kMin = false;
-  static constexpr int kOffset = 16;
-  const BlockQ5_0* b;
-  Q5_0D(const uint8_t* row, int64_t) : b(reinterpret_cast<const BlockQ5_0*>(row)) {}
-  const void* at(int64_t u) const { return b + 2 * u; }
-  void unit(int64_t u, Unit& o) const {
-    const BlockQ5_0* x = b + 2 * u;
-    o.q = add_fifth(nibble_runs(x[0].qs, x[1].qs), read_u32(x[0].qh), read_u32(x[1].qh));
-    o.dv = halves(fp16_to_fp32(x[0].d), fp16_to_fp32(x[1].d));
-  }
-};
 
 struct Q5_1D {
   static constexpr bool kMin = true;
@@ -154,37 +108,6 @@ struct Q5_1D {
   }
 };
 
-struct Q8_0D {
-  static constexpr bool kMin = false;
-  static constexpr int kOffset = 128;  // q = stored int8 + 128
-  const BlockQ8_0* b;
-  Q8_0D(const uint8_t* row, int64_t) : b(reinterpret_cast<const BlockQ8_0*>(row)) {}
-  const void* at(int64_t u) const { return b + 2 * u; }
-  void unit(int64_t u, Unit& o) const {
-    const BlockQ8_0* x = b + 2 * u;
-    o.q = _mm512_xor_si512(join(x[0].qs, x[1].qs), _mm512_set1_epi8(static_cast<char>(0x80)));
-    o.dv = halves(fp16_to_fp32(x[0].d), fp16_to_fp32(x[1].d));
-  }
-};
-
-struct IQ4_NLD {
-  static constexpr bool kMin = false;
-  static constexpr int kOffset = 128;  // q = code book value + 128
-  const BlockIQ4_NL* b;
-  __m512i table;
-  IQ4_NLD(const uint8_t* row, int64_t) : b(reinterpret_cast<const BlockIQ4_NL*>(row)) {
-    alignas(16) uint8_t t[16];
-    for (int i = 0; i < 16; ++i) t[i] = static_cast<uint8_t>(kIQ4NLValues[i] + 128);
-    table = _mm512_broadcast_i32x4(load128(t));
-  }
-  const void* at(int64_t u) const { return b + 2 * u; }
-  void unit(int64_t u, Unit& o) const {
-    const BlockIQ4_NL* x = b + 2 * u;
-    o.q = _mm512_shuffle_epi8(table, nibble_runs(x[0].qs, x[1].qs));
-    o.dv = halves(fp16_to_fp32(x[0].d), fp16_to_fp32(x[1].d));
-  }
-};
-
 // The 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block (the
 // packing of llama.cpp's get_scale_min_k4).
 inline void scale_min(const uint8_t* q, int j, int& sc, int& m) {
@@ -196,69 +119,6 @@ inline void scale_min(const uint8_t* q, int j, int& sc, int& m) {
     m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
   }
 }
-
-// Q4_K / Q5_K: unit j (0..3) of a super-block is sub-blocks 2j and 2j + 1,
-// the low and high nibbles of qs[32j .. 32j + 31]; Q5_K's fifth bits are bits
-// 2j and 2j + 1 of qh[0..31].
-template <typename Block, bool kFifth>
-struct KNibD {
-  static constexpr bool kMin = true;
-  static constexpr int kOffset = 0;
-  const Block* b;
-  KNibD(const uint8_t* row, int64_t) : b(reinterpret_cast<const Block*>(row)) {}
-  const void* at(int64_t u) const { return reinterpret_cast<const uint8_t*>(b + u / 4); }
-  void unit(int64_t u, Unit& o) const {
-    const Block& x = b[u / 4];
-    const int j = static_cast<int>(u % 4);
-    __m512i q = split_nibbles(load256(x.qs + 32 * j));
-    if constexpr (kFifth) {
-      const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * j))),
-                                              _mm256_set1_epi8(static_cast<char>(2 << (2 * j))), 1);
-      const __mmask64 m = _mm512_test_epi8_mask(_mm512_broadcast_i64x4(load256(x.qh)), bits);
-      q = _mm512_mask_add_epi8(q, m, q, _mm512_set1_epi8(16));
-    }
-    o.q = q;
-    int sc0, m0, sc1, m1;
-    scale_min(x.scales, 2 * j, sc0, m0);
-    scale_min(x.scales, 2 * j + 1, sc1, m1);
-    const float d = fp16_to_fp32(x.d), dmin = fp16_to_fp32(x.dmin);
-    o.dv = halves(d * static_cast<float>(sc0), d * static_cast<float>(sc1));
-    o.mv = halves(-dmin * static_cast<float>(m0), -dmin * static_cast<float>(m1));
-  }
-};
-using Q4_KD = KNibD<BlockQ4_K, false>;
-using Q5_KD = KNibD<BlockQ5_K, true>;
-
-// Q6_K: unit p (0..3) of a super-block is chunks 2p and 2p + 1 of 32: low 4
-// bits from ql[64h .. 64h + 63] >> 4(p % 2), high 2 bits from qh[32h + l] >>
-// 2j for j = 2(p % 2) and 2(p % 2) + 1, h = p / 2; 16 sub-blocks of 16 with
-// int8 scales, 4 per unit (4 lanes each).
-struct Q6_KD {
-  static constexpr bool kMin = false;
-  static constexpr int kOffset = 32;
-  const BlockQ6_K* b;
-  Q6_KD(const uint8_t* row, int64_t) : b(reinterpret_cast<const BlockQ6_K*>(row)) {}
-  const void* at(int64_t u) const { return reinterpret_cast<const uint8_t*>(b + u / 4); }
-  void unit(int64_t u, Unit& o) const {
-    const BlockQ6_K& x = b[u / 4];
-    const int p = static_cast<int>(u % 4), h = p / 2, s = p % 2;
-    const __m512i lo = _mm512_and_si512(
-        _mm512_srl_epi16(_mm512_loadu_si512(x.ql + 64 * h), _mm_cvtsi32_si128(4 * s)),
-        _mm512_set1_epi8(0x0f));
-    const int j0 = 2 * s;
-    const __m512i hi = _mm512_and_si512(
-        _mm512_srlv_epi64(_mm512_broadcast_i64x4(load256(x.qh + 32 * h)),
-                          _mm512_setr_epi64(2 * j0, 2 * j0, 2 * j0, 2 * j0, 2 * j0 + 2, 2 * j0 + 2,
-                                            2 * j0 + 2, 2 * j0 + 2)),
-        _mm512_set1_epi8(0x03));
-    o.q = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
-    const __m128i s4 =
-        _mm_shuffle_epi8(_mm_cvtsi32_si128(static_cast<int>(read_u32(x.scales + 4 * p))),
-                         _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
-    o.dv = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s4)),
-                         _mm512_set1_ps(fp16_to_fp32(x.d)));
-  }
-};
 
 // barata's int8 / int4 rows (docs/quantize.md): per-row types start with an
 // fp32 d, I4_G128 with one fp16 d per 128 weights; per-tensor types have unit
@@ -394,101 +254,6 @@ void q_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k
   for (; r < n_rows; ++r) {
     const Dec rows[1] = {Dec(w + r * row_bytes, nu)};
     q_tokens<Dec, 1>(rows, row_bytes, nu, acts, act_stride, n_tokens, out + r, ldy);
-  }
-}
-
-// ---- float weights, fp32 activations ------------------------------------------------
-struct F32W {
-  static constexpr int64_t kBytes = 4;
-  static __m512 load(const uint8_t* row, int64_t i, __mmask16 m) {
-    return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + i);
-  }
-};
-struct F16W {
-  static constexpr int64_t kBytes = 2;
-  static __m512 load(const uint8_t* row, int64_t i, __mmask16 m) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + i));
-  }
-};
-struct BF16W {
-  static constexpr int64_t kBytes = 2;
-  static __m512 load(const uint8_t* row, int64_t i, __mmask16 m) {
-    const __m256i h = _mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + i);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-};
-
-template <typename W, int R, int T>
-void f_tile(const uint8_t* const* rows, int64_t k, const float* const* x, float* out, size_t ldy) {
-  __m512 acc[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  auto step = [&](int64_t i, __mmask16 m) {
-    __m512 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = W::load(rows[r], i, m);
-    for (int t = 0; t < T; ++t) {
-      const __m512 xv = _mm512_maskz_loadu_ps(m, x[t] + i);
-      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
-    }
-  };
-  int64_t i = 0;
-  for (; i + 16 <= k; i += 16) {
-    // Each row is its own stream, too short for the hardware prefetcher to
-    // ramp up on: ask for the line 2 KiB ahead once per line.
-    if (i % (64 / W::kBytes) == 0)
-      for (int r = 0; r < R; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(rows[r]) + i * W::kBytes + 2048, _MM_HINT_T0);
-    step(i, static_cast<__mmask16>(0xffff));
-  }
-  if (i < k) step(i, static_cast<__mmask16>((1u << (k - i)) - 1));
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t)
-      out[static_cast<size_t>(t) * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
-}
-
-template <typename W, int R>
-void f_tokens(const uint8_t* const* rows, int64_t k, const uint8_t* acts, size_t act_stride,
-              int64_t n_tokens, float* out, size_t ldy) {
-  constexpr int kMaxT = 5;
-  for (int64_t t = 0; t < n_tokens;) {
-    const float* x[kMaxT];
-    const int nt = static_cast<int>(std::min<int64_t>(kMaxT, n_tokens - t));
-    for (int i = 0; i < nt; ++i) x[i] = reinterpret_cast<const float*>(acts + (t + i) * act_stride);
-    float* o = out + static_cast<size_t>(t) * ldy;
-    switch (nt) {
-      case 5:
-        f_tile<W, R, 5>(rows, k, x, o, ldy);
-        break;
-      case 4:
-        f_tile<W, R, 4>(rows, k, x, o, ldy);
-        break;
-      case 3:
-        f_tile<W, R, 3>(rows, k, x, o, ldy);
-        break;
-      case 2:
-        f_tile<W, R, 2>(rows, k, x, o, ldy);
-        break;
-      default:
-        f_tile<W, R, 1>(rows, k, x, o, ldy);
-        break;
-    }
-    t += nt;
-  }
-}
-
-template <typename W>
-void f_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
-                   const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
-                   size_t ldy) {
-  int64_t r = 0;
-  for (; r + 4 <= n_rows; r += 4) {
-    const uint8_t* rows[4] = {w + r * row_bytes, w + (r + 1) * row_bytes, w + (r + 2) * row_bytes,
-                              w + (r + 3) * row_bytes};
-    f_tokens<W, 4>(rows, k, acts, act_stride, n_tokens, out + r, ldy);
-  }
-  for (; r < n_rows; ++r) {
-    const uint8_t* rows[1] = {w + r * row_bytes};
-    f_tokens<W, 1>(rows, k, acts, act_stride, n_tokens, out + r, ldy);
   }
 }
 
@@ -1176,21 +941,156 @@ void nf4_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t
   }
 }
 
+// ---- F16 / BF16 repacked: 16 rows interleaved ------------------------------------
+// Per group of 16 rows, weight j of the 16 rows side by side (32 bytes), so a
+// step is one widening load and, per token, one FMA with the token's x_j
+// broadcast: no horizontal sums, and one stream per group. Per row and token
+// there are two chains, over even and odd j, added at the end:
+//     a_e = fma(w_j, x_j, a_e) (j even);  a_o = fma(w_j, x_j, a_o) (j odd);  out = a_e + a_o
+// fq_tile_rows does the same on the file's rows.
+// Element types of the float layouts: bytes per weight, 16 rows' weight j
+// widened to fp32, one weight widened.
+struct FrF16 {
+  static constexpr int64_t kBytes = 2;
+  static __m512 widen16(const uint8_t* p) { return _mm512_cvtph_ps(load256(p)); }
+  static float widen1(const uint8_t* row, int64_t j) {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * j, 2);
+    return fp16_to_fp32(h);
+  }
+};
+struct FrBF16 {
+  static constexpr int64_t kBytes = 2;
+  static __m512 widen16(const uint8_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load256(p)), 16));
+  }
+  static float widen1(const uint8_t* row, int64_t j) {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * j, 2);
+    return bf16_to_fp32(h);
+  }
+};
+struct FrF32 {
+  static constexpr int64_t kBytes = 4;
+  static __m512 widen16(const uint8_t* p) { return _mm512_loadu_ps(p); }
+  static float widen1(const uint8_t* row, int64_t j) { return read_f32(row + 4 * j); }
+};
+
+template <typename E>
+size_t fr_row_bytes(int64_t k) {
+  return static_cast<size_t>(k * E::kBytes);
+}
+
+template <typename E>
+void fr_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_rows, uint8_t* dst) {
+  constexpr int64_t B = E::kBytes;
+  const int64_t groups = (n_rows + 15) / 16;
+  std::memset(dst, 0, static_cast<size_t>(groups * 16 * k * B));
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t r = 0; r < 16 && g * 16 + r < n_rows; ++r) {
+      const uint8_t* row = src + (g * 16 + r) * src_row_bytes;
+      uint8_t* out = dst + static_cast<size_t>(g * 16 * k * B);
+      for (int64_t j = 0; j < k; ++j) std::memcpy(out + 16 * B * j + B * r, row + B * j, B);
+    }
+}
+
+template <typename E, int T>
+void fr_tile(const uint8_t* grp, int64_t k, const float* const* x, float* out, size_t ldy,
+             int n_valid) {
+  constexpr int64_t S = 16 * E::kBytes;  // bytes per weight index
+  __m512 ae[T], ao[T];
+  for (int t = 0; t < T; ++t) ae[t] = ao[t] = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 2 <= k; j += 2) {
+    _mm_prefetch(reinterpret_cast<const char*>(grp + S * j) + 4096, _MM_HINT_T0);
+    if constexpr (S == 64)
+      _mm_prefetch(reinterpret_cast<const char*>(grp + S * j) + 4096 + 64, _MM_HINT_T0);
+    const __m512 w0 = E::widen16(grp + S * j);
+    const __m512 w1 = E::widen16(grp + S * (j + 1));
+    for (int t = 0; t < T; ++t) {
+      ae[t] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[t][j]), ae[t]);
+      ao[t] = _mm512_fmadd_ps(w1, _mm512_set1_ps(x[t][j + 1]), ao[t]);
+    }
+  }
+  if (j < k) {
+    const __m512 w0 = E::widen16(grp + S * j);
+    for (int t = 0; t < T; ++t) ae[t] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[t][j]), ae[t]);
+  }
+  const __mmask16 m = static_cast<__mmask16>((1u << n_valid) - 1);
+  for (int t = 0; t < T; ++t)
+    _mm512_mask_storeu_ps(out + static_cast<size_t>(t) * ldy, m, _mm512_add_ps(ae[t], ao[t]));
+}
+
+template <typename E>
+void fr_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                    const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                    size_t ldy) {
+  for (int64_t g = 0; g * 16 < n_rows; ++g) {
+    const uint8_t* grp = w + static_cast<size_t>(g * 16) * row_bytes;
+    const int n_valid = static_cast<int>(std::min<int64_t>(16, n_rows - g * 16));
+    for (int64_t t = 0; t < n_tokens;) {
+      const float* x[8];
+      const int64_t left = n_tokens - t;
+      const int nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+      for (int i = 0; i < nt; ++i)
+        x[i] = reinterpret_cast<const float*>(acts + (t + i) * act_stride);
+      float* ot = out + g * 16 + static_cast<size_t>(t) * ldy;
+      switch (nt) {
+        case 8:
+          fr_tile<E, 8>(grp, k, x, ot, ldy, n_valid);
+          break;
+        case 4:
+          fr_tile<E, 4>(grp, k, x, ot, ldy, n_valid);
+          break;
+        case 2:
+          fr_tile<E, 2>(grp, k, x, ot, ldy, n_valid);
+          break;
+        default:
+          fr_tile<E, 1>(grp, k, x, ot, ldy, n_valid);
+          break;
+      }
+      t += nt;
+    }
+  }
+}
+
+template <typename E>
+void fq_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                  const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                  size_t ldy) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * row_bytes;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const float* x = reinterpret_cast<const float*>(acts + t * act_stride);
+      float ae = 0.0f, ao = 0.0f;
+      int64_t j = 0;
+      for (; j + 2 <= k; j += 2) {
+        ae = std::fma(E::widen1(row, j), x[j], ae);
+        ao = std::fma(E::widen1(row, j + 1), x[j + 1], ao);
+      }
+      if (j < k) ae = std::fma(E::widen1(row, j), x[j], ae);
+      out[t * ldy + r] = ae + ao;
+    }
+  }
+}
+
+#define BARATA_FR_KERNELS(T, name, E)                                            \
+  MatmulKernel{DType::T, name ".r16.avx512", ActFormat::kF32, fr_matmul_tile<E>, \
+               1,        fr_row_bytes<E>,    fr_repack<E>},                      \
+      MatmulKernel {                                                             \
+    DType::T, name ".f32.avx512", ActFormat::kF32, fq_tile_rows<E>, 1            \
+  }
+
 #define BARATA_Q_KERNEL(T, name, Dec)                                   \
   MatmulKernel {                                                        \
     DType::T, name ".q8.avx512", ActFormat::kQ8, q_matmul_tile<Dec>, 64 \
   }
-#define BARATA_F_KERNEL(T, name, W)                                    \
-  MatmulKernel {                                                       \
-    DType::T, name ".f32.avx512", ActFormat::kF32, f_matmul_tile<W>, 1 \
-  }
-
 }  // namespace
 
 const MatmulKernel kAvx512Kernels[] = {
-    BARATA_F_KERNEL(F32, "f32", F32W),
-    BARATA_F_KERNEL(F16, "f16", F16W),
-    BARATA_F_KERNEL(BF16, "bf16", BF16W),
+    BARATA_FR_KERNELS(F32, "f32", FrF32),
+    BARATA_FR_KERNELS(F16, "f16", FrF16),
+    BARATA_FR_KERNELS(BF16, "bf16", FrBF16),
     MatmulKernel{DType::NF4_B64, "nf4_b64.f32.avx512", ActFormat::kF32, nf4_matmul_tile, kQKNF4},
     BARATA_R_KERNELS(Q4_0, "q4_0", RKind::kNib),
     BARATA_R_KERNELS(Q4_1, "q4_1", RKind::kNibMin),
