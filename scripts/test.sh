@@ -5,7 +5,7 @@
 # with BARATA_REQUIRE_DATA=1, so that a test whose data is absent fails instead
 # of skipping. Ends with one summary line: how many tests ran, passed, failed
 # and skipped, and the skip reasons grouped; the skipped tests are listed in
-# BUILD_DIR/test-skips.tsv (name, kind gpu|other, reason), which .ci/run reads.
+# BUILD_DIR/test-skips.tsv (name, kind gpu|isa|other, reason), which .ci/run reads.
 # Usage: scripts/test.sh [release|sanitize]   (default: release)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -41,7 +41,10 @@ for c in cases:
         m = re.search(r": Skipped\n(.*?)\n?\[  SKIPPED \]", out, re.S)
         reason = " ".join((m.group(1) if m else "no reason given").split()) or "no reason given"
         gpu = c.get("name", "").startswith("Cuda") or re.search(r"\b(CUDA|GPU|driver)\b", reason, re.I)
-        skips.append((c.get("name", "?"), "gpu" if gpu else "other", reason))
+        # A kernel test of an instruction set this CPU lacks (AVX-512 on an
+        # AVX2 machine): the tests name the CPU's best ISA ("best here: ...").
+        isa = re.search(r"\(best here: (scalar|avx2|avx512)\)", reason)
+        skips.append((c.get("name", "?"), "gpu" if gpu else "isa" if isa else "other", reason))
     elif c.find("failure") is not None or c.find("error") is not None or c.get("status") == "fail":
         failed += 1
     else:

@@ -316,8 +316,8 @@ TEST_P(QuantKernelsIsa, KernelsOfTheForcedIsaAreBound) {
 // that are not whole groups of 16 included.
 TEST(QuantKernels, RepackedLayoutsGiveTheBitsOfTheFileLayout) {
   if (!cpu_isa_available(CpuIsa::kAvx512))
-    GTEST_SKIP() << "the repacked layouts are AVX-512 kernels; this CPU's best is "
-                 << cpu_isa_name(cpu_best_isa());
+    GTEST_SKIP() << "the repacked layouts are AVX-512 kernels, not on this CPU (best here: "
+                 << cpu_isa_name(cpu_best_isa()) << ")";
   const CpuIsa saved = cpu_isa();
   set_cpu_isa(CpuIsa::kAvx512);
   ThreadPool pool(2);
@@ -363,6 +363,32 @@ TEST(QuantKernels, RepackedLayoutsGiveTheBitsOfTheFileLayout) {
   }
   set_cpu_isa(saved);
   EXPECT_EQ(n_checked, 13 * 4 * 6 * 7);
+}
+
+// The AVX-512 activation quantizer (prepare_acts uses it) gives the scalar
+// reference's bits, NaN, Inf, signed zeros, subnormals and zero blocks included.
+TEST(QuantKernels, VectorActivationQuantizerGivesTheScalarBits) {
+  if (!cpu_isa_available(CpuIsa::kAvx512))
+    GTEST_SKIP() << "the vector quantizer is an AVX-512 kernel, not on this CPU (best here: "
+                 << cpu_isa_name(cpu_best_isa()) << ")";
+  const auto quantize = cpu_kernel_set(CpuIsa::kAvx512).quantize_row_q8;
+  ASSERT_NE(quantize, nullptr);
+  const int64_t k = 32 * 64;
+  for (float sd : {1e-30f, 1e-3f, 1.0f, 1e3f, 3e38f}) {
+    std::vector<float> x = gaussian(static_cast<size_t>(k), static_cast<uint32_t>(sd * 7 + 3), sd);
+    x[5] = NAN;
+    x[40] = INFINITY;
+    x[70] = -INFINITY;
+    x[100] = -0.0f;
+    x[130] = 1e-45f;  // subnormal
+    std::fill(x.begin() + 32 * 10, x.begin() + 32 * 11, 0.0f);
+    std::fill(x.begin() + 32 * 12, x.begin() + 32 * 13, NAN);
+    std::vector<BlockQ8Act> a(static_cast<size_t>(k / 32)), b(a.size());
+    quantize_row_q8_act(x.data(), a.data(), k);
+    quantize(x.data(), b.data(), k);
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_EQ(std::memcmp(&a[i], &b[i], sizeof(BlockQ8Act)), 0) << "block " << i << " sd " << sd;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, QuantKernelsIsa, testing::ValuesIn(kAllCpuIsas),

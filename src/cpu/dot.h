@@ -27,6 +27,8 @@ struct CpuKernelSet {
   float (*dot_f32)(const float* a, const float* b, int64_t k);
   float (*dot_f16_f32)(const uint16_t* w, const float* x, int64_t k);
   void (*axpy_f16)(float a, const uint16_t* x, float* y, int64_t k);  // y += a * x
+  // quantize_row_q8_act (matmul.h), the same bits, vectorized.
+  void (*quantize_row_q8)(const float* x, BlockQ8Act* out, int64_t k) = nullptr;
 };
 
 namespace isa_scalar {
@@ -107,6 +109,7 @@ BARATA_DOT_TILE(dot_tile_q6_k_q8);
 extern const MatmulKernel kAvx512Kernels[];
 extern const size_t kAvx512KernelCount;
 float dot_f16_f32_avx512(const uint16_t* w, const float* x, int64_t k);
+void quantize_row_q8_avx512(const float* x, BlockQ8Act* out, int64_t k);
 void axpy_f16_avx512(float a, const uint16_t* x, float* y, int64_t k);
 #endif
 

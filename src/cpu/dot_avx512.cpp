@@ -1125,6 +1125,34 @@ float dot_f16_f32_avx512(const uint16_t* w, const float* x, int64_t k) {
   return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
 }
 
+// As quantize_row_q8_act, lane for lane: |x| max with NaN skipped (max_ps
+// returns its second operand when either is NaN), the same d and 1/d, the
+// product clamped to +-127 (a NaN product gives +127, as fmin/fmax do) and
+// rounded to nearest even, as nearbyint does in the default rounding mode.
+void quantize_row_q8_avx512(const float* x, BlockQ8Act* out, int64_t k) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int64_t b = 0; b < k / 32; ++b, x += 32) {
+    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+    const __m512 m = _mm512_max_ps(_mm512_and_ps(x1, abs_mask),
+                                   _mm512_max_ps(_mm512_and_ps(x0, abs_mask), _mm512_setzero_ps()));
+    const float amax = _mm512_reduce_max_ps(m);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m512 vid = _mm512_set1_ps(id), hi = _mm512_set1_ps(127.0f),
+                 lo = _mm512_set1_ps(-127.0f);
+    auto q = [&](__m512 v) {
+      const __m512 c = _mm512_max_ps(_mm512_min_ps(_mm512_mul_ps(v, vid), hi), lo);
+      return _mm512_cvtps_epi32(
+          _mm512_roundscale_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    };
+    const __m512i q0 = q(x0), q1 = q(x1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].q), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].q + 16), _mm512_cvtepi32_epi8(q1));
+    out[b].d = d;
+    out[b].s = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+  }
+}
+
 void axpy_f16_avx512(float a, const uint16_t* x, float* y, int64_t k) {
   const __m512 va = _mm512_set1_ps(a);
   for (int64_t i = 0; i < k; i += 16) {

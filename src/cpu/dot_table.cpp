@@ -43,14 +43,16 @@ const CpuKernelSet& kernel_set() {
                                 kAvx512KernelCount,
                                 nullptr,
                                 dot_f16_f32_avx512,
-                                axpy_f16_avx512};
+                                axpy_f16_avx512,
+                                quantize_row_q8_avx512};
 #else
   static const CpuKernelSet set{BARATA_STR(BARATA_ISA_NS) + 4,
                                 kFast,
                                 sizeof kFast / sizeof kFast[0],
                                 dot_f32,
                                 dot_f16_f32,
-                                axpy_f16};
+                                axpy_f16,
+                                nullptr};
 #endif
   return set;
 }

@@ -176,9 +176,15 @@ void prepare_acts(ThreadPool& pool, ActFormat format, const float* x, int64_t n_
   out.bytes.resize(out.stride * static_cast<size_t>(n_tokens));
   uint8_t* base = out.bytes.data();
   const size_t stride = out.stride;
+  auto quantize = quantize_row_q8_act;  // the ISA's copy where it has one: the same bits
+  for (int i = static_cast<int>(cpu_isa()); i >= 0; --i)
+    if (auto* f = cpu_kernel_set(static_cast<CpuIsa>(i)).quantize_row_q8) {
+      quantize = f;
+      break;
+    }
   pool.parallel_for(n_tokens, [&](int64_t t0, int64_t t1, int) {
     for (int64_t t = t0; t < t1; ++t)
-      quantize_row_q8_act(x + t * k, reinterpret_cast<BlockQ8Act*>(base + t * stride), k);
+      quantize(x + t * k, reinterpret_cast<BlockQ8Act*>(base + t * stride), k);
   });
   out.data = out.bytes.data();
 }
