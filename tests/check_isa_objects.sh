@@ -3,8 +3,8 @@
 # vague linkage (an inline function or template instance outside the ISA's
 # namespace) defined in more than one copy is merged by the linker into one of
 # them, maybe the AVX-512 one, which an AVX2-only CPU then runs. This checks
-# that the ISA objects define no such symbol (nm: W, V, u) outside their own
-# namespace barata::isa_<name>, beyond the C++ runtime's personality reference.
+# that the ISA objects define no such function (nm: class W, V or u, type
+# FUNC) outside their own namespace barata::isa_<name>.
 #   tests/check_isa_objects.sh BUILD_DIR
 set -euo pipefail
 BUILD="$1"
@@ -18,11 +18,14 @@ bad=0
 for o in "${objs[@]}"; do
   isa="${o#*barata_isa_}"
   isa="${isa%%.dir/*}"
+  # sysv format: name | value | class | type | ...; code only (FUNC): shared
+  # data (an inline constexpr table) holds no instructions.
   while read -r line; do
-    echo "shared symbol in ${o#"$BUILD"/}: $line" >&2
+    echo "shared function in ${o#"$BUILD"/}: $line" >&2
     bad=1
-  done < <(nm -C --defined-only "$o" | grep -E ' [WVu] ' | grep -v 'DW.ref.__gxx_personality_v0' |
-    grep -v -E "[WVu] (\(anonymous namespace\)::)?barata::isa_${isa}::" || true)
+  done < <(nm --format=sysv -C --defined-only "$o" |
+    awk -F'|' '$3 ~ /^ *[WVu] *$/ && $4 ~ /FUNC/ { sub(/ +$/, "", $1); print $1 }' |
+    grep -v -E "^(\(anonymous namespace\)::)?barata::isa_${isa}::" || true)
 done
 echo "${#objs[@]} ISA objects checked"
 exit $bad
