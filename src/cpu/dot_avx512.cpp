@@ -18,6 +18,7 @@
 #include "barata/half.h"
 #include "barata/quant_blocks.h"
 #include "dot.h"
+#include "simd.h"
 
 #if defined(BARATA_HAVE_AVX512_KERNELS)
 #include <immintrin.h>
@@ -107,18 +108,6 @@ struct Q5_1D {
     o.mv = halves(fp16_to_fp32(x[0].m), fp16_to_fp32(x[1].m));
   }
 };
-
-// The 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block (the
-// packing of llama.cpp's get_scale_min_k4).
-inline void scale_min(const uint8_t* q, int j, int& sc, int& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
 
 // barata's int8 / int4 rows (docs/quantize.md): per-row types start with an
 // fp32 d, I4_G128 with one fp16 d per 128 weights; per-tensor types have unit
@@ -484,38 +473,49 @@ void r_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* o
   for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(out + static_cast<size_t>(t) * ldy, m, acc[t]);
 }
 
-template <RKind K>
-void r_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
-                   const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
-                   size_t ldy) {
-  const int64_t nb = k / 32;
+// Runs tile(T, group, x, out, n_valid) over the 16-row groups of a repacked
+// tile and its tokens, 8, 4, 2 or 1 at a time (T an integral_constant); X is
+// the activation row type.
+template <typename X, typename Tile>
+void over_groups(const uint8_t* w, size_t row_bytes, int64_t n_rows, const uint8_t* acts,
+                 size_t act_stride, int64_t n_tokens, float* out, size_t ldy, const Tile& tile) {
   for (int64_t g = 0; g * 16 < n_rows; ++g) {
     const uint8_t* grp = w + static_cast<size_t>(g * 16) * row_bytes;
     const int n_valid = static_cast<int>(std::min<int64_t>(16, n_rows - g * 16));
-    float* o = out + g * 16;
     for (int64_t t = 0; t < n_tokens;) {
-      const BlockQ8Act* x[8];
+      const X* x[8];
       const int64_t left = n_tokens - t;
       const int nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-      for (int i = 0; i < nt; ++i) x[i] = act_row(acts, act_stride, t + i);
-      float* ot = o + static_cast<size_t>(t) * ldy;
+      for (int i = 0; i < nt; ++i) x[i] = reinterpret_cast<const X*>(acts + (t + i) * act_stride);
+      float* o = out + g * 16 + static_cast<size_t>(t) * ldy;
       switch (nt) {
         case 8:
-          r_tile<K, 8>(grp, nb, x, ot, ldy, n_valid);
+          tile(std::integral_constant<int, 8>{}, grp, x, o, n_valid);
           break;
         case 4:
-          r_tile<K, 4>(grp, nb, x, ot, ldy, n_valid);
+          tile(std::integral_constant<int, 4>{}, grp, x, o, n_valid);
           break;
         case 2:
-          r_tile<K, 2>(grp, nb, x, ot, ldy, n_valid);
+          tile(std::integral_constant<int, 2>{}, grp, x, o, n_valid);
           break;
         default:
-          r_tile<K, 1>(grp, nb, x, ot, ldy, n_valid);
+          tile(std::integral_constant<int, 1>{}, grp, x, o, n_valid);
           break;
       }
       t += nt;
     }
   }
+}
+
+template <RKind K>
+void r_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                   const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                   size_t ldy) {
+  over_groups<BlockQ8Act>(
+      w, row_bytes, n_rows, acts, act_stride, n_tokens, out, ldy,
+      [&](auto T, const uint8_t* grp, const BlockQ8Act* const* x, float* o, int n_valid) {
+        r_tile<K, decltype(T)::value>(grp, k / 32, x, o, ldy, n_valid);
+      });
 }
 
 // The same arithmetic on the file's rows, one row at a time (BARATA_REPACK=0,
@@ -607,7 +607,7 @@ KRowBlock k_row_block(const uint8_t* row, int64_t b) {
     }
     o.d = x.d;
     o.dmin = x.dmin;
-    scale_min(x.scales, j, o.sc_a, o.m);
+    simd::scale_min(x.scales, j, o.sc_a, o.m);
   }
   return o;
 }
@@ -777,33 +777,11 @@ template <KKind K>
 void k_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
                    const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
                    size_t ldy) {
-  const int64_t nb = k / 32;
-  for (int64_t g = 0; g * 16 < n_rows; ++g) {
-    const uint8_t* grp = w + static_cast<size_t>(g * 16) * row_bytes;
-    const int n_valid = static_cast<int>(std::min<int64_t>(16, n_rows - g * 16));
-    for (int64_t t = 0; t < n_tokens;) {
-      const BlockQ8Act* x[8];
-      const int64_t left = n_tokens - t;
-      const int nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-      for (int i = 0; i < nt; ++i) x[i] = act_row(acts, act_stride, t + i);
-      float* ot = out + g * 16 + static_cast<size_t>(t) * ldy;
-      switch (nt) {
-        case 8:
-          k_tile<K, 8>(grp, nb, x, ot, ldy, n_valid);
-          break;
-        case 4:
-          k_tile<K, 4>(grp, nb, x, ot, ldy, n_valid);
-          break;
-        case 2:
-          k_tile<K, 2>(grp, nb, x, ot, ldy, n_valid);
-          break;
-        default:
-          k_tile<K, 1>(grp, nb, x, ot, ldy, n_valid);
-          break;
-      }
-      t += nt;
-    }
-  }
+  over_groups<BlockQ8Act>(
+      w, row_bytes, n_rows, acts, act_stride, n_tokens, out, ldy,
+      [&](auto T, const uint8_t* grp, const BlockQ8Act* const* x, float* o, int n_valid) {
+        k_tile<K, decltype(T)::value>(grp, k / 32, x, o, ldy, n_valid);
+      });
 }
 
 // Exact integer dot of 32 codes with 32 activation bytes, over [lo, hi).
@@ -1025,33 +1003,10 @@ template <typename E>
 void fr_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
                     const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
                     size_t ldy) {
-  for (int64_t g = 0; g * 16 < n_rows; ++g) {
-    const uint8_t* grp = w + static_cast<size_t>(g * 16) * row_bytes;
-    const int n_valid = static_cast<int>(std::min<int64_t>(16, n_rows - g * 16));
-    for (int64_t t = 0; t < n_tokens;) {
-      const float* x[8];
-      const int64_t left = n_tokens - t;
-      const int nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-      for (int i = 0; i < nt; ++i)
-        x[i] = reinterpret_cast<const float*>(acts + (t + i) * act_stride);
-      float* ot = out + g * 16 + static_cast<size_t>(t) * ldy;
-      switch (nt) {
-        case 8:
-          fr_tile<E, 8>(grp, k, x, ot, ldy, n_valid);
-          break;
-        case 4:
-          fr_tile<E, 4>(grp, k, x, ot, ldy, n_valid);
-          break;
-        case 2:
-          fr_tile<E, 2>(grp, k, x, ot, ldy, n_valid);
-          break;
-        default:
-          fr_tile<E, 1>(grp, k, x, ot, ldy, n_valid);
-          break;
-      }
-      t += nt;
-    }
-  }
+  over_groups<float>(w, row_bytes, n_rows, acts, act_stride, n_tokens, out, ldy,
+                     [&](auto T, const uint8_t* grp, const float* const* x, float* o, int n_valid) {
+                       fr_tile<E, decltype(T)::value>(grp, k, x, o, ldy, n_valid);
+                     });
 }
 
 template <typename E>

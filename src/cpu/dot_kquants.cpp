@@ -85,17 +85,6 @@ struct IQ4NLDec {
   }
 };
 
-// The 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block.
-inline void scale_min(const uint8_t* q, int j, int& sc, int& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 // Q4_K and Q5_K: sub-block j of 32 takes nibbles from qs (low for even j,
 // high for odd) and, for Q5_K, a fifth bit: bit j of qh[l] for element l.
 template <typename Block, bool kFifthBit>
@@ -105,7 +94,7 @@ struct KNibbleDec {
     const auto& blk = reinterpret_cast<const Block*>(row)[b / 8];
     const int j = static_cast<int>(b % 8);
     int sc, m;
-    scale_min(blk.scales, j, sc, m);
+    simd::scale_min(blk.scales, j, sc, m);
     __m256i v = load32(blk.qs + 32 * (j / 2));
     if (j % 2) v = _mm256_srli_epi16(v, 4);
     __m256i u = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));

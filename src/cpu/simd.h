@@ -9,6 +9,18 @@
 
 namespace barata::BARATA_ISA_NS::simd {
 
+// The 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block (the
+// packing of llama.cpp's get_scale_min_k4, ggml-quants.c, b4748).
+inline void scale_min(const uint8_t* q, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
