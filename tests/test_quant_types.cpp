@@ -346,8 +346,10 @@ TEST(QuantKernels, RepackedLayoutsGiveTheBitsOfTheFileLayout) {
           WeightView packed = plain;
           packed.kernel = &cpu_matmul_kernel(t, k, CpuIsa::kAvx512, true);
           ASSERT_NE(packed.kernel->repack, nullptr) << packed.kernel->name;
-          RepackedMatrix copy;
-          repack_weight(pool, packed, copy);
+          RepackArena copy;
+          const size_t at = copy.reserve(repacked_bytes(packed));
+          copy.allocate();
+          repack_weight(pool, packed, copy.at(at));
           ASSERT_NE(packed.data, plain.data);
           PreparedActs acts;
           prepare_acts(pool, plain.kernel->act, x.data(), n_tok, k, acts);

@@ -87,27 +87,27 @@ class CpuBackend final : public Backend {
     n_ctx_ = n_ctx;
     views_.assign(static_cast<size_t>(model.n_matrices()), WeightView{});
     embed_row_ = dtype_traits(model.token_embd().type).dequantize_row;
-    repacked_.clear();
-    repacked_.resize(static_cast<size_t>(model.n_matrices()));
     const CpuIsa isa = cpu_isa();
     const bool repack = cpu_repack_enabled();
-    size_t n_repacked = 0, repacked_bytes = 0;
+    std::vector<std::pair<size_t, size_t>> copies;  // (matrix id, offset in the arena)
+    arena_ = RepackArena{};
     for (const WeightDesc* w : model.matrices()) {
       const size_t id = static_cast<size_t>(w->id);
       views_[id] = WeightView{w->type, w->k,         w->n_rows,
                               w->data, w->row_bytes, &cpu_matmul_kernel(w->type, w->k, isa, repack),
                               w->scale};
-      // The file stays as it is; kernels that want their rows interleaved
-      // get a copy (the mapped pages are read once and left to the page cache).
-      repack_weight(*pool_, views_[id], repacked_[id]);
-      if (repacked_[id].bytes) {
-        ++n_repacked;
-        repacked_bytes += repacked_[id].size;
-      }
+      if (wants_repack(views_[id]))
+        copies.emplace_back(id, arena_.reserve(repacked_bytes(views_[id])));
     }
-    if (n_repacked > 0)
-      spdlog::info("cpu: {} matrices ({:.1f} MiB) repacked at load for the {} kernels", n_repacked,
-                   static_cast<double>(repacked_bytes) / (1 << 20), cpu_isa_name(isa));
+    // The file stays as it is; kernels that want their rows interleaved get a
+    // copy (the mapped pages are read once and left to the page cache).
+    if (!copies.empty()) {
+      arena_.allocate();
+      for (const auto& [id, offset] : copies) repack_weight(*pool_, views_[id], arena_.at(offset));
+      spdlog::info("cpu: {} matrices ({:.1f} MiB) repacked at load for the {} kernels",
+                   copies.size(), static_cast<double>(arena_.size()) / (1 << 20),
+                   cpu_isa_name(isa));
+    }
     pool_kv_ = std::make_unique<HostKvPool>(kv, n_blocks);
   }
 
@@ -264,8 +264,8 @@ class CpuBackend final : public Backend {
   std::unique_ptr<ThreadPool> pool_;
   const Model* model_ = nullptr;
   int64_t n_ctx_ = 0;
-  std::vector<WeightView> views_;         // by WeightDesc::id
-  std::vector<RepackedMatrix> repacked_;  // by id: copies of the matrices whose kernels repack
+  std::vector<WeightView> views_;  // by WeightDesc::id
+  RepackArena arena_;              // the repacked copies of the matrices whose kernels want them
   std::unique_ptr<HostKvPool> pool_kv_;
   DequantizeRowFn embed_row_ = nullptr;
   const Batch* batch_ = nullptr;

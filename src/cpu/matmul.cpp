@@ -111,29 +111,35 @@ WeightView make_weight_view(DType type, int64_t k, int64_t n_rows, const uint8_t
                     tensor_scale(type, tensor_data)};
 }
 
-void RepackedMatrix::Free::operator()(uint8_t* p) const {
+void RepackArena::Free::operator()(uint8_t* p) const {
   std::free(p);
 }
 
-void repack_weight(ThreadPool& pool, WeightView& v, RepackedMatrix& out) {
-  const MatmulKernel& kern = *v.kernel;
-  if (kern.repack == nullptr) return;
-  const size_t rb = kern.repacked_row_bytes(v.k);
-  const size_t bytes = repacked_bytes(kern, v.k, v.n_rows);
-  // 2 MiB-aligned, and offered to the kernel as huge pages: a decode step
-  // streams every byte once, and 4 KiB pages make that a TLB miss per 4 KiB.
+size_t RepackArena::reserve(size_t bytes) {
+  const size_t at = size_;
+  size_ += (bytes + 63) / 64 * 64;
+  return at;
+}
+
+void RepackArena::allocate() {
   constexpr size_t kHuge = size_t{2} << 20;
-  const size_t alloc = (bytes + kHuge - 1) / kHuge * kHuge;
-  out.bytes.reset(static_cast<uint8_t*>(std::aligned_alloc(kHuge, alloc)));
+  const size_t alloc = std::max<size_t>(kHuge, (size_ + kHuge - 1) / kHuge * kHuge);
+  base_.reset(static_cast<uint8_t*>(std::aligned_alloc(kHuge, alloc)));
+  if (!base_) fail("cannot allocate {} bytes for the repacked weights", alloc);
 #if defined(MADV_HUGEPAGE)
-  if (out.bytes) madvise(out.bytes.get(), alloc, MADV_HUGEPAGE);
+  madvise(base_.get(), alloc, MADV_HUGEPAGE);
 #endif
-  if (!out.bytes)
-    fail("cannot allocate {} bytes to repack a {} x {} {} matrix", bytes, v.n_rows, v.k,
-         dtype_name(v.type));
-  out.size = bytes;
+}
+
+size_t repacked_bytes(const WeightView& v) {
+  return repacked_bytes(*v.kernel, v.k, v.n_rows);
+}
+
+void repack_weight(ThreadPool& pool, WeightView& v, uint8_t* dst) {
+  const MatmulKernel& kern = *v.kernel;
+  if (kern.repack == nullptr) fail("internal: kernel {} does not repack", kern.name);
+  const size_t rb = kern.repacked_row_bytes(v.k);
   const int64_t groups = (v.n_rows + kRepackRows - 1) / kRepackRows;
-  uint8_t* dst = out.bytes.get();
   pool.parallel_for(groups, [&](int64_t g0, int64_t g1, int) {
     const int64_t r0 = g0 * kRepackRows, r1 = std::min(v.n_rows, g1 * kRepackRows);
     kern.repack(v.data + r0 * v.row_bytes, v.row_bytes, v.k, r1 - r0, dst + r0 * rb);

@@ -95,17 +95,35 @@ struct WeightView {
 // rows, row stride, scale and the kernel for this CPU.
 WeightView make_weight_view(DType type, int64_t k, int64_t n_rows, const uint8_t* tensor_data);
 
-// A matrix copied into its kernel's repacked layout (64-byte aligned).
-struct RepackedMatrix {
+// Repacked copies of a model's matrices, all in one 2 MiB-aligned allocation
+// offered as huge pages (a decode step streams every byte once, and 4 KiB pages
+// make that a TLB miss per 4 KiB); each matrix starts on a 64-byte boundary.
+// One arena, not one allocation per matrix: with huge pages, each small matrix
+// would otherwise take a whole 2 MiB page.
+class RepackArena {
+ public:
+  // Reserves room for a matrix of `bytes`; returns its offset.
+  size_t reserve(size_t bytes);
+  void allocate();  // after every reserve
+  uint8_t* at(size_t offset) { return base_.get() + offset; }
+  size_t size() const { return size_; }
+
+ private:
   struct Free {
     void operator()(uint8_t* p) const;
   };
-  std::unique_ptr<uint8_t, Free> bytes;
-  size_t size = 0;
+  std::unique_ptr<uint8_t, Free> base_;
+  size_t size_ = 0;
 };
-// When view's kernel (chosen with allow_repack) wants its matrix repacked:
-// repacks it into `out`, on the pool, and points the view at the copy.
-void repack_weight(ThreadPool& pool, WeightView& view, RepackedMatrix& out);
+// Whether view's kernel (chosen with allow_repack) wants its matrix repacked,
+// and how many bytes the copy takes.
+inline bool wants_repack(const WeightView& v) {
+  return v.kernel->repack != nullptr;
+}
+size_t repacked_bytes(const WeightView& v);
+// Repacks view's matrix into dst (repacked_bytes(view), 64-byte aligned), on
+// the pool, and points the view at the copy.
+void repack_weight(ThreadPool& pool, WeightView& view, uint8_t* dst);
 
 // Activations converted once for a kernel's ActFormat, reused by every weight
 // that reads the same input (q, k and v; gate and up).
