@@ -43,6 +43,7 @@
 #include "block_decode.cuh"
 #include "common.cuh"
 #include "device_types.cuh"
+#include "warp_reduce.cuh"
 
 namespace barata::cuda {
 namespace {
@@ -51,7 +52,6 @@ constexpr int kRows = 4;         // output rows per CTA (all warps of a CTA shar
 constexpr int kMaxWarps = 4;     // warps per CTA, splitting k
 constexpr int kStepElems = 128;  // one float4 of activations per lane and token
 constexpr int kBufChunks = 64;   // 16-byte chunks of one row's staging buffer
-constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ float fma_acc(float a, float b, float c) {
 #if defined(__CUDA_ARCH__)
@@ -196,44 +196,6 @@ __device__ __forceinline__ uint4 load_chunk(uintptr_t a, uintptr_t lo, uintptr_t
   if (a >= lo && a + 16 <= hi) return __ldg(reinterpret_cast<const uint4*>(a));
   return load_chunk_edge(a, lo, hi);
 }
-
-// ---- warp reduce-scatter -----------------------------------------------------------
-// v[0..N) are per-lane partials. At xor offset O, while the count is even,
-// each lane keeps one half (the upper half when its bit O is set) summed with
-// its partner's copy of that half; an odd count is reduced whole. Afterwards
-// every lane holds Final<N>::n totals, v[i] being the total of original index
-// base + i, and lanes differing only in the "whole" offsets hold equal copies.
-template <int N, int O>
-struct Scatter {
-  static constexpr bool kHalve = N % 2 == 0 && N > 1;
-  static constexpr int kNext = kHalve ? N / 2 : N;
-  static constexpr int kFinal = Scatter<kNext, O / 2>::kFinal;
-  static constexpr unsigned kWholeMask =
-      (kHalve ? 0u : unsigned(O)) | Scatter<kNext, O / 2>::kWholeMask;
-
-  __device__ static void run(float* v, unsigned lane, int& base) {
-    if constexpr (kHalve) {
-      const bool upper = (lane & O) != 0;
-#pragma unroll
-      for (int i = 0; i < kNext; ++i) {
-        const float send = upper ? v[i] : v[i + kNext];
-        const float keep = upper ? v[i + kNext] : v[i];
-        v[i] = keep + __shfl_xor_sync(kFull, send, O);
-      }
-      if (upper) base += kNext;
-    } else {
-#pragma unroll
-      for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(kFull, v[i], O);
-    }
-    Scatter<kNext, O / 2>::run(v, lane, base);
-  }
-};
-template <int N>
-struct Scatter<N, 0> {
-  static constexpr int kFinal = N;
-  static constexpr unsigned kWholeMask = 0;
-  __device__ static void run(float*, unsigned, int&) {}
-};
 
 // ---- the kernel ---------------------------------------------------------------------
 template <class F, int T>

@@ -1,0 +1,279 @@
+// The batched decode matmul of every weight type (kernels/qmm.cu), its row
+// dequantizer to fp16 and the embedding lookup of the types beyond gemv.cu,
+// under the CUDA emulation; and their decoder (kernels/qdecode.cuh) on the
+// host, bit for bit against barata's reference dequantization.
+//
+// qmm's bound: its weights are exact (the decoder's values), so the whole
+// error is fp32 accumulation: a thread sums 4 ceil(k / 512) products in order,
+// then 5 butterfly levels, 3 cross-warp additions and the scale. The emulation
+// rounds a * b + c twice, so with u = 2^-24 the test allows
+// 2 (4 ceil(k/512) + 10) u |scale| sum_j |w_j x_j| plus a tiny absolute term.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "barata/dtype.h"
+#include "barata/error.h"
+#include "barata/half.h"
+#include "barata/quant_blocks.h"
+#include "embed.cuh"
+#include "qdecode.cuh"
+#include "qmm.cuh"
+#include "sanitizer.h"
+
+namespace barata {
+namespace {
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+bool same_float(float a, float b) {
+  return bits(a) == bits(b) || (std::isnan(a) && std::isnan(b));
+}
+
+// Every type of the table, and a row length that is legal for it and not a
+// multiple of anything convenient where the type allows that.
+struct TypeShape {
+  DType type;
+  int64_t k;
+};
+std::vector<TypeShape> all_types() {
+  return {{DType::F32, 37},        {DType::F16, 70},        {DType::BF16, 66},
+          {DType::Q8_0, 96},       {DType::Q4_0, 160},      {DType::Q4_1, 64},
+          {DType::Q5_0, 224},      {DType::Q5_1, 96},       {DType::Q4_K, 512},
+          {DType::Q5_K, 256},      {DType::Q6_K, 768},      {DType::IQ4_NL, 160},
+          {DType::I8_TENSOR, 45},  {DType::I8_ROW, 53},     {DType::I4_TENSOR, 90},
+          {DType::I4_ROW, 78},     {DType::I4_G128, 416},   {DType::NF4_B64, 320}};
+}
+
+// A quantized matrix from random normal weights (with outliers).
+struct Matrix {
+  DType type;
+  int64_t k, n;
+  std::vector<uint8_t> packed;  // tensor_bytes: header (kTensor) then rows
+  std::vector<float> deq;       // dequantize_tensor: the tensor scale applied
+  const uint8_t* rows() const { return tensor_rows(type, packed.data()); }
+  float scale() const { return tensor_scale(type, packed.data()); }
+  size_t row_bytes() const { return barata::row_bytes(type, k); }
+};
+
+Matrix make_matrix(DType t, int64_t k, int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> src(static_cast<size_t>(k * n));
+  for (auto& v : src) v = normal(rng) * 0.05f;
+  for (int i = 0; i < 4; ++i) src[rng() % src.size()] = 0.7f;
+  Matrix m{t, k, n, std::vector<uint8_t>(tensor_bytes(t, k, n)), std::vector<float>(src.size())};
+  quantize_tensor(t, src.data(), k, n, m.packed.data());
+  dequantize_tensor(t, m.packed.data(), k, n, m.deq.data());
+  return m;
+}
+
+template <DType T>
+float decode_one(const uint8_t* row, int64_t k, int64_t j, const float* lut) {
+  float v[4];
+  cuda::qdec::QFmt<T>::decode4(row, k, j & ~int64_t{3}, lut, v);
+  return v[j & 3];
+}
+
+float decode_any(DType t, const uint8_t* row, int64_t k, int64_t j, const float* lut) {
+  switch (t) {
+#define C(T) \
+  case DType::T: return decode_one<DType::T>(row, k, j, lut);
+    BARATA_QFMT_TYPES(C)
+#undef C
+  }
+  return NAN;
+}
+
+float lut_any(DType t, int i) {
+  switch (t) {
+#define C(T) \
+  case DType::T: return cuda::qdec::QFmt<DType::T>::lut_entry(i);
+    BARATA_QFMT_TYPES(C)
+#undef C
+  }
+  return NAN;
+}
+
+TEST(QDecode, CodeBooksEqualTheTables) {
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(bits(cuda::qdec::nf4_entry(i)), bits(kNF4Values[i])) << i;
+    EXPECT_EQ(cuda::qdec::iq4nl_entry(i), static_cast<float>(kIQ4NLValues[i])) << i;
+  }
+}
+
+// Every element of quantized rows, and of rows of random bytes (any scale:
+// subnormal, inf, NaN), equals the reference's, bit for bit; rows are also
+// read at odd addresses; elements at or past k read as 0.
+TEST(QDecode, EveryTypeBitExactAgainstTheReference) {
+  for (const TypeShape& ts : all_types()) {
+    SCOPED_TRACE(dtype_name(ts.type));
+    for (int src_kind = 0; src_kind < 2; ++src_kind) {
+      Matrix m = make_matrix(ts.type, ts.k, 5, 11 + static_cast<uint32_t>(ts.type));
+      std::mt19937 rng(3);
+      if (src_kind == 1) {  // random bytes in the rows (the tensor header keeps its scale)
+        const size_t hdr = dtype_traits(ts.type).tensor_header;
+        for (size_t i = hdr; i < m.packed.size(); ++i) m.packed[i] = static_cast<uint8_t>(rng());
+        dequantize_tensor(ts.type, m.packed.data(), m.k, m.n, m.deq.data());
+      }
+      float lut[16];
+      for (int i = 0; i < 16; ++i) lut[i] = lut_any(ts.type, i);
+      const float scale = m.scale();
+      const size_t rb = m.row_bytes();
+      for (int off = 0; off < 3; ++off) {
+        std::vector<uint8_t> shifted(rb * m.n + off);
+        std::memcpy(shifted.data() + off, m.rows(), rb * m.n);
+        int bad = 0;
+        for (int64_t r = 0; r < m.n; ++r) {
+          const uint8_t* row = shifted.data() + off + r * rb;
+          for (int64_t j = 0; j < m.k; ++j) {
+            float got = decode_any(ts.type, row, m.k, j, lut);
+            if (scale != 1.0f) got *= scale;  // kTensor: dequantize_tensor's own multiply
+            const float want = m.deq[static_cast<size_t>(r * m.k + j)];
+            if (!same_float(got, want) && bad++ < 5)
+              ADD_FAILURE() << "src " << src_kind << " offset " << off << " row " << r << " el "
+                            << j << ": got " << got << " want " << want;
+          }
+          for (int64_t j = m.k; j < (m.k + 3) / 4 * 4; ++j)
+            EXPECT_EQ(decode_any(ts.type, row, m.k, j, lut), 0.0f) << "past k: " << j;
+        }
+        EXPECT_EQ(bad, 0);
+      }
+    }
+  }
+}
+
+// ---- the kernels under the emulation -------------------------------------------------
+
+void check_qmm(const Matrix& m, int64_t n_tok, size_t x_offset) {
+  SCOPED_TRACE(std::string(dtype_name(m.type)) + " k=" + std::to_string(m.k) + " rows=" +
+               std::to_string(m.n) + " n_tok=" + std::to_string(n_tok) +
+               " x_offset=" + std::to_string(x_offset));
+  std::mt19937 rng(static_cast<uint32_t>(n_tok * 131 + m.k));
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> xbuf(x_offset + n_tok * m.k);
+  for (auto& v : xbuf) v = uniform(rng);
+  const float* x = xbuf.data() + x_offset;
+  const int64_t ldy = m.n + 3;
+  const float kSentinel = -12345.0f;
+  std::vector<float> y(static_cast<size_t>(n_tok * ldy), kSentinel);
+  cuda::launch_qmm(m.type, m.rows(), m.row_bytes(), m.k, m.n, m.scale(), x, n_tok, y.data(), ldy,
+                   nullptr);
+  const double u = std::ldexp(1.0, -24);
+  const double bound_terms = 2.0 * (4.0 * std::ceil(m.k / 512.0) + 10.0);
+  int bad = 0;
+  for (int64_t t = 0; t < n_tok; ++t) {
+    for (int64_t r = 0; r < ldy; ++r) {
+      const float got = y[static_cast<size_t>(t * ldy + r)];
+      if (r >= m.n) {
+        EXPECT_EQ(got, kSentinel) << "wrote past the rows at t=" << t;
+        continue;
+      }
+      double dot = 0, mag = 0;
+      for (int64_t j = 0; j < m.k; ++j) {
+        const double p = static_cast<double>(m.deq[static_cast<size_t>(r * m.k + j)]) *
+                         x[static_cast<size_t>(t * m.k + j)];
+        dot += p;
+        mag += std::fabs(p);
+      }
+      const double tol = bound_terms * u * mag + 1e-30;
+      if (!(std::fabs(got - dot) <= tol) && bad++ < 5)
+        ADD_FAILURE() << "row " << r << " token " << t << ": got " << got << " want " << dot
+                      << " (tolerance " << tol << ")";
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+// Every type, odd row counts (rows past a CTA's 4, 2 or 1), the widths of the
+// issue (1, 3, 8, 64) and one of each padded width, misaligned activations.
+TEST(EmuQmm, EveryTypeEveryWidthAgainstFloat64) {
+  const bool asan = test::sanitized();
+  for (const TypeShape& ts : all_types()) {
+    const Matrix m = make_matrix(ts.type, ts.k, 7, 100 + static_cast<uint32_t>(ts.type));
+    for (int64_t n_tok : {1, 3, 8, 13, 27, 64}) {
+      if (asan && n_tok != 3 && n_tok != 64) continue;
+      check_qmm(m, n_tok, n_tok == 3 ? 1 : 0);
+    }
+  }
+}
+
+// Long rows: several 512-element steps per thread, a partial last step.
+TEST(EmuQmm, LongRows) {
+  for (DType t : {DType::Q4_K, DType::Q6_K, DType::NF4_B64, DType::I4_G128, DType::I8_ROW}) {
+    const int64_t k = t == DType::NF4_B64 ? 2368 : t == DType::I8_ROW ? 2001 : 2304;
+    const Matrix m = make_matrix(t, k, 5, 7);
+    check_qmm(m, 1, 0);
+    check_qmm(m, 5, 0);
+  }
+}
+
+TEST(EmuQmm, RefusesBadShapes) {
+  const Matrix m = make_matrix(DType::Q4_K, 256, 2, 1);
+  std::vector<float> x(256 * 65), y(2 * 65);
+  EXPECT_THROW(cuda::launch_qmm(DType::Q4_K, m.rows(), m.row_bytes(), 256, 2, 1.0f, x.data(), 65,
+                                y.data(), 2, nullptr),
+               Error);
+  EXPECT_THROW(cuda::launch_qmm(DType::Q4_K, m.rows(), m.row_bytes(), 200, 2, 1.0f, x.data(), 1,
+                                y.data(), 2, nullptr),
+               Error);
+  EXPECT_THROW(cuda::launch_qmm(DType::Q4_K, m.rows(), 100, 256, 2, 1.0f, x.data(), 1, y.data(),
+                                2, nullptr),
+               Error);
+  EXPECT_EQ(cuda::qmm_variant(DType::Q4_K, 3), "qmm<Q4_K, 4 rows x 4 tokens>");
+  EXPECT_EQ(cuda::qmm_variant(DType::NF4_B64, 33), "qmm<NF4_B64, 1 rows x 64 tokens>");
+}
+
+// fp16 rows for cuBLAS: fp32_to_fp16 of the reference, bit for bit (unit
+// scale for the kTensor types, whose scale cuBLAS's alpha applies).
+TEST(EmuQmm, DequantRowsToF16BitExact) {
+  for (const TypeShape& ts : all_types()) {
+    SCOPED_TRACE(dtype_name(ts.type));
+    const Matrix m = make_matrix(ts.type, ts.k, 6, 5);
+    std::vector<uint16_t> got(static_cast<size_t>(m.k * m.n) + 1, 0xdead);
+    cuda::launch_dequant_rows_f16(m.type, m.rows(), m.row_bytes(), m.k, m.n, got.data(), nullptr);
+    std::vector<float> row(static_cast<size_t>(m.k));
+    int bad = 0;
+    for (int64_t r = 0; r < m.n; ++r) {
+      dtype_traits(m.type).dequantize_row(m.rows() + r * m.row_bytes(), row.data(), m.k);
+      for (int64_t j = 0; j < m.k; ++j) {
+        const uint16_t want = fp32_to_fp16(row[static_cast<size_t>(j)]);
+        if (got[static_cast<size_t>(r * m.k + j)] != want && bad++ < 5)
+          ADD_FAILURE() << "row " << r << " el " << j;
+      }
+    }
+    EXPECT_EQ(got.back(), 0xdead) << "wrote past the matrix";
+    EXPECT_EQ(bad, 0);
+  }
+}
+
+// Embedding rows of every type: scale * reference, bit for bit.
+TEST(EmuQmm, EmbedEveryType) {
+  for (const TypeShape& ts : all_types()) {
+    SCOPED_TRACE(dtype_name(ts.type));
+    ASSERT_TRUE(cuda::embed_supported(ts.type));
+    const Matrix m = make_matrix(ts.type, ts.k, 9, 17);
+    const std::vector<int32_t> tokens = {8, 0, 3, 3};
+    std::vector<float> x(tokens.size() * m.k, -1.0f);
+    cuda::launch_embed(m.type, m.rows(), m.row_bytes(), m.scale(), m.k, tokens.data(),
+                       static_cast<int64_t>(tokens.size()), x.data(), nullptr);
+    std::vector<float> row(static_cast<size_t>(m.k));
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      dtype_traits(m.type).dequantize_row(m.rows() + tokens[i] * m.row_bytes(), row.data(), m.k);
+      for (int64_t j = 0; j < m.k; ++j)
+        ASSERT_TRUE(same_float(x[i * m.k + j], row[static_cast<size_t>(j)] * m.scale()))
+            << "token " << tokens[i] << " el " << j;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace barata
