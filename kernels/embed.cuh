@@ -8,7 +8,7 @@
 
 namespace barata::cuda {
 
-// Types launch_embed reads directly (the every type kernels/qdecode.cuh decodes).
+// Types launch_embed reads directly (every type kernels/qdecode.cuh decodes).
 bool embed_supported(DType type);
 
 // x[i][j] = scale * dequant(table row tokens[i])[j] for i < n_rows, j < d.
