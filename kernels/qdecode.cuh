@@ -105,42 +105,74 @@ BARATA_HD __forceinline__ float sub(float a, float b) {
 // these into shared memory; tests/test_emu_qmm.cpp checks the equality).
 BARATA_HD inline float nf4_entry(int i) {
   switch (i & 15) {
-    case 0: return -1.0f;
-    case 1: return -0.6961928009986877f;
-    case 2: return -0.5250730514526367f;
-    case 3: return -0.39491748809814453f;
-    case 4: return -0.28444138169288635f;
-    case 5: return -0.18477343022823334f;
-    case 6: return -0.09105003625154495f;
-    case 7: return 0.0f;
-    case 8: return 0.07958029955625534f;
-    case 9: return 0.16093020141124725f;
-    case 10: return 0.24611230194568634f;
-    case 11: return 0.33791524171829224f;
-    case 12: return 0.44070982933044434f;
-    case 13: return 0.5626170039176941f;
-    case 14: return 0.7229568362236023f;
-    default: return 1.0f;
+    case 0:
+      return -1.0f;
+    case 1:
+      return -0.6961928009986877f;
+    case 2:
+      return -0.5250730514526367f;
+    case 3:
+      return -0.39491748809814453f;
+    case 4:
+      return -0.28444138169288635f;
+    case 5:
+      return -0.18477343022823334f;
+    case 6:
+      return -0.09105003625154495f;
+    case 7:
+      return 0.0f;
+    case 8:
+      return 0.07958029955625534f;
+    case 9:
+      return 0.16093020141124725f;
+    case 10:
+      return 0.24611230194568634f;
+    case 11:
+      return 0.33791524171829224f;
+    case 12:
+      return 0.44070982933044434f;
+    case 13:
+      return 0.5626170039176941f;
+    case 14:
+      return 0.7229568362236023f;
+    default:
+      return 1.0f;
   }
 }
 BARATA_HD inline float iq4nl_entry(int i) {
   switch (i & 15) {
-    case 0: return -127.0f;
-    case 1: return -104.0f;
-    case 2: return -83.0f;
-    case 3: return -65.0f;
-    case 4: return -49.0f;
-    case 5: return -35.0f;
-    case 6: return -22.0f;
-    case 7: return -10.0f;
-    case 8: return 1.0f;
-    case 9: return 13.0f;
-    case 10: return 25.0f;
-    case 11: return 38.0f;
-    case 12: return 53.0f;
-    case 13: return 69.0f;
-    case 14: return 89.0f;
-    default: return 113.0f;
+    case 0:
+      return -127.0f;
+    case 1:
+      return -104.0f;
+    case 2:
+      return -83.0f;
+    case 3:
+      return -65.0f;
+    case 4:
+      return -49.0f;
+    case 5:
+      return -35.0f;
+    case 6:
+      return -22.0f;
+    case 7:
+      return -10.0f;
+    case 8:
+      return 1.0f;
+    case 9:
+      return 13.0f;
+    case 10:
+      return 25.0f;
+    case 11:
+      return 38.0f;
+    case 12:
+      return 53.0f;
+    case 13:
+      return 69.0f;
+    case 14:
+      return 89.0f;
+    default:
+      return 113.0f;
   }
 }
 
@@ -248,7 +280,8 @@ struct QFmt<DType::Q5_0> {
     nibbles4(b + 6, i, q);
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-      out[j] = mul(d, static_cast<float>((q[j] | static_cast<int>(((qh >> (i + j)) & 1u) << 4)) - 16));
+      out[j] =
+          mul(d, static_cast<float>((q[j] | static_cast<int>(((qh >> (i + j)) & 1u) << 4)) - 16));
   }
 };
 
@@ -266,8 +299,8 @@ struct QFmt<DType::Q5_1> {
     nibbles4(b + 8, i, q);
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-      out[j] = add(
-          mul(d, static_cast<float>(q[j] | static_cast<int>(((qh >> (i + j)) & 1u) << 4))), m);
+      out[j] =
+          add(mul(d, static_cast<float>(q[j] | static_cast<int>(((qh >> (i + j)) & 1u) << 4))), m);
   }
 };
 
@@ -448,6 +481,8 @@ struct QFmt<DType::NF4_B64> {
 }  // namespace barata::cuda::qdec
 
 // Every type with a QFmt, for dispatch: X(F32) X(F16) ... (DType enumerator names).
-#define BARATA_QFMT_TYPES(X)                                                                   \
-  X(F32) X(F16) X(BF16) X(Q8_0) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q4_K) X(Q5_K) X(Q6_K)        \
-      X(IQ4_NL) X(I8_TENSOR) X(I8_ROW) X(I4_TENSOR) X(I4_ROW) X(I4_G128) X(NF4_B64)
+// clang-format off
+#define BARATA_QFMT_TYPES(X) \
+  X(F32) X(F16) X(BF16) X(Q8_0) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q4_K) X(Q5_K) X(Q6_K) \
+  X(IQ4_NL) X(I8_TENSOR) X(I8_ROW) X(I4_TENSOR) X(I4_ROW) X(I4_G128) X(NF4_B64)
+// clang-format on

@@ -134,8 +134,8 @@ struct Args {
 
 template <DType TY, int R, int T>
 void launch_rt(const Args& a, cudaStream_t stream) {
-  BARATA_LAUNCH((qmm_kernel<TY, R, T>), dim3(ceil_div(a.n_rows, R)), dim3(kThreads), 0, stream,
-                a.w, a.row_bytes, a.k, a.n_rows, a.scale, a.x, a.n_tok, a.x_vec, a.y, a.ldy);
+  BARATA_LAUNCH((qmm_kernel<TY, R, T>), dim3(ceil_div(a.n_rows, R)), dim3(kThreads), 0, stream, a.w,
+                a.row_bytes, a.k, a.n_rows, a.scale, a.x, a.n_tok, a.x_vec, a.y, a.ldy);
   BARATA_CUDA_CHECK_LAUNCH();
 }
 
@@ -239,17 +239,16 @@ bool qmm_supported(DType type) {
 
 std::string qmm_variant(DType type, int64_t n_tok) {
   const int t = padded_tokens(n_tok < 1 ? 1 : n_tok);
-  return std::string("qmm<") + dtype_name(type) + ", " + std::to_string(rows_for(t)) +
-         " rows x " + std::to_string(t) + " tokens>";
+  return std::string("qmm<") + dtype_name(type) + ", " + std::to_string(rows_for(t)) + " rows x " +
+         std::to_string(t) + " tokens>";
 }
 
-void launch_qmm(DType type, const void* w, size_t row_bytes, int64_t k, int64_t n_rows,
-                float scale, const float* x, int64_t n_tok, float* y, int64_t ldy,
-                cudaStream_t stream) {
+void launch_qmm(DType type, const void* w, size_t row_bytes, int64_t k, int64_t n_rows, float scale,
+                const float* x, int64_t n_tok, float* y, int64_t ldy, cudaStream_t stream) {
   check_rows("qmm", type, row_bytes, k, n_rows);
   if (n_tok < 1 || n_tok > kQmmMaxTokens)
-    bad("qmm", std::to_string(n_tok) + " activation rows (1.." + std::to_string(kQmmMaxTokens) +
-                   ")");
+    bad("qmm",
+        std::to_string(n_tok) + " activation rows (1.." + std::to_string(kQmmMaxTokens) + ")");
   if (n_tok > 1 && ldy < n_rows)
     bad("qmm", "output stride " + std::to_string(ldy) + " is below the row count " +
                    std::to_string(n_rows));
@@ -275,8 +274,8 @@ void launch_qmm(DType type, const void* w, size_t row_bytes, int64_t k, int64_t 
   }
 }
 
-void launch_dequant_rows_f16(DType type, const void* w, size_t row_bytes, int64_t k,
-                             int64_t n_rows, uint16_t* dst, cudaStream_t stream) {
+void launch_dequant_rows_f16(DType type, const void* w, size_t row_bytes, int64_t k, int64_t n_rows,
+                             uint16_t* dst, cudaStream_t stream) {
   check_rows("dequant rows", type, row_bytes, k, n_rows);
   if (n_rows > 65535) bad("dequant rows", std::to_string(n_rows) + " rows in one call (<= 65535)");
   if (n_rows == 0) return;

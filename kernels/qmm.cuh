@@ -26,14 +26,13 @@ std::string qmm_variant(DType type, int64_t n_tok);
 // W row r at w + r * row_bytes (its row header included; a kTensor type's
 // rows past the tensor header, decoded at unit scale); x rows of k floats,
 // contiguous. fp32 activations, exact weights, fp32 accumulation.
-void launch_qmm(DType type, const void* w, size_t row_bytes, int64_t k, int64_t n_rows,
-                float scale, const float* x, int64_t n_tok, float* y, int64_t ldy,
-                cudaStream_t stream);
+void launch_qmm(DType type, const void* w, size_t row_bytes, int64_t k, int64_t n_rows, float scale,
+                const float* x, int64_t n_tok, float* y, int64_t ldy, cudaStream_t stream);
 
 // n_rows rows of W to fp16, row-major with k halves per row (dst 2-byte
 // aligned): each value the reference dequantization (unit scale for kTensor
 // types) rounded once to nearest even, bit-equal to fp32_to_fp16 of the CPU's.
-void launch_dequant_rows_f16(DType type, const void* w, size_t row_bytes, int64_t k,
-                             int64_t n_rows, uint16_t* dst, cudaStream_t stream);
+void launch_dequant_rows_f16(DType type, const void* w, size_t row_bytes, int64_t k, int64_t n_rows,
+                             uint16_t* dst, cudaStream_t stream);
 
 }  // namespace barata::cuda

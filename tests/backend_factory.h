@@ -15,12 +15,15 @@
 
 namespace barata::test {
 
-inline std::unique_ptr<Backend> make_test_backend(DeviceKind d, int n_threads) {
+inline std::unique_ptr<Backend> make_test_backend(const BackendOptions& o) {
 #ifdef BARATA_TEST_EMU_BACKEND
-  if (d == DeviceKind::kCuda)
-    return make_emulated_cuda_backend({.device = d, .n_threads = n_threads});
+  if (o.device == DeviceKind::kCuda) return make_emulated_cuda_backend(o);
 #endif
-  return make_backend({.device = d, .n_threads = n_threads});
+  return make_backend(o);
+}
+
+inline std::unique_ptr<Backend> make_test_backend(DeviceKind d, int n_threads) {
+  return make_test_backend({.device = d, .n_threads = n_threads});
 }
 
 inline bool emulated_backend() {

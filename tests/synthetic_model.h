@@ -57,9 +57,10 @@ inline Synthetic make_model(const Shape& s, uint32_t seed) {
                     float offset = 0.0f) {
     std::vector<float> v(static_cast<size_t>(k * rows));
     for (auto& x : v) x = offset + nd(rng) * scale;
-    std::vector<uint8_t> bytes(dtype_bytes(type, k * rows));
-    dtype_traits(type).quantize_row(v.data(), bytes.data(), k * rows);
-    dtype_traits(type).dequantize_row(bytes.data(), v.data(), k * rows);
+    // Whole-matrix: barata's per-row and per-tensor types keep headers.
+    std::vector<uint8_t> bytes(tensor_bytes(type, k, rows));
+    quantize_tensor(type, v.data(), k, rows, bytes.data());
+    dequantize_tensor(type, bytes.data(), k, rows, v.data());
     std::vector<int64_t> shape =
         rows == 1 ? std::vector<int64_t>{k} : std::vector<int64_t>{k, rows};
     w.add_tensor(name, type, shape, std::move(bytes));

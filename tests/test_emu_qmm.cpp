@@ -45,12 +45,12 @@ struct TypeShape {
   int64_t k;
 };
 std::vector<TypeShape> all_types() {
-  return {{DType::F32, 37},        {DType::F16, 70},        {DType::BF16, 66},
-          {DType::Q8_0, 96},       {DType::Q4_0, 160},      {DType::Q4_1, 64},
-          {DType::Q5_0, 224},      {DType::Q5_1, 96},       {DType::Q4_K, 512},
-          {DType::Q5_K, 256},      {DType::Q6_K, 768},      {DType::IQ4_NL, 160},
-          {DType::I8_TENSOR, 45},  {DType::I8_ROW, 53},     {DType::I4_TENSOR, 90},
-          {DType::I4_ROW, 78},     {DType::I4_G128, 416},   {DType::NF4_B64, 320}};
+  return {{DType::F32, 37},       {DType::F16, 70},      {DType::BF16, 66},
+          {DType::Q8_0, 96},      {DType::Q4_0, 160},    {DType::Q4_1, 64},
+          {DType::Q5_0, 224},     {DType::Q5_1, 96},     {DType::Q4_K, 512},
+          {DType::Q5_K, 256},     {DType::Q6_K, 768},    {DType::IQ4_NL, 160},
+          {DType::I8_TENSOR, 45}, {DType::I8_ROW, 53},   {DType::I4_TENSOR, 90},
+          {DType::I4_ROW, 78},    {DType::I4_G128, 416}, {DType::NF4_B64, 320}};
 }
 
 // A quantized matrix from random normal weights (with outliers).
@@ -85,8 +85,9 @@ float decode_one(const uint8_t* row, int64_t k, int64_t j, const float* lut) {
 
 float decode_any(DType t, const uint8_t* row, int64_t k, int64_t j, const float* lut) {
   switch (t) {
-#define C(T) \
-  case DType::T: return decode_one<DType::T>(row, k, j, lut);
+#define C(T)     \
+  case DType::T: \
+    return decode_one<DType::T>(row, k, j, lut);
     BARATA_QFMT_TYPES(C)
 #undef C
   }
@@ -95,8 +96,9 @@ float decode_any(DType t, const uint8_t* row, int64_t k, int64_t j, const float*
 
 float lut_any(DType t, int i) {
   switch (t) {
-#define C(T) \
-  case DType::T: return cuda::qdec::QFmt<DType::T>::lut_entry(i);
+#define C(T)     \
+  case DType::T: \
+    return cuda::qdec::QFmt<DType::T>::lut_entry(i);
     BARATA_QFMT_TYPES(C)
 #undef C
   }
@@ -154,8 +156,8 @@ TEST(QDecode, EveryTypeBitExactAgainstTheReference) {
 // ---- the kernels under the emulation -------------------------------------------------
 
 void check_qmm(const Matrix& m, int64_t n_tok, size_t x_offset) {
-  SCOPED_TRACE(std::string(dtype_name(m.type)) + " k=" + std::to_string(m.k) + " rows=" +
-               std::to_string(m.n) + " n_tok=" + std::to_string(n_tok) +
+  SCOPED_TRACE(std::string(dtype_name(m.type)) + " k=" + std::to_string(m.k) +
+               " rows=" + std::to_string(m.n) + " n_tok=" + std::to_string(n_tok) +
                " x_offset=" + std::to_string(x_offset));
   std::mt19937 rng(static_cast<uint32_t>(n_tok * 131 + m.k));
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
@@ -225,9 +227,9 @@ TEST(EmuQmm, RefusesBadShapes) {
   EXPECT_THROW(cuda::launch_qmm(DType::Q4_K, m.rows(), m.row_bytes(), 200, 2, 1.0f, x.data(), 1,
                                 y.data(), 2, nullptr),
                Error);
-  EXPECT_THROW(cuda::launch_qmm(DType::Q4_K, m.rows(), 100, 256, 2, 1.0f, x.data(), 1, y.data(),
-                                2, nullptr),
-               Error);
+  EXPECT_THROW(
+      cuda::launch_qmm(DType::Q4_K, m.rows(), 100, 256, 2, 1.0f, x.data(), 1, y.data(), 2, nullptr),
+      Error);
   EXPECT_EQ(cuda::qmm_variant(DType::Q4_K, 3), "qmm<Q4_K, 4 rows x 4 tokens>");
   EXPECT_EQ(cuda::qmm_variant(DType::NF4_B64, 33), "qmm<NF4_B64, 1 rows x 64 tokens>");
 }

@@ -28,20 +28,32 @@ std::optional<DeviceKind> parse_device(std::string_view name);  // "cpu", "cuda"
 struct BackendOptions {
   DeviceKind device = DeviceKind::kCpu;
   int n_threads = 0;  // CPU: 0 = one per hardware thread; CUDA: host threads (unused)
+  // CUDA: the widest batch the skinny matmul kernels take for quantized
+  // weights, 0..64 (0: always dequant + cuBLAS); -1: BARATA_CUDA_QMM_MAX or
+  // the default (docs/cuda.md, "Kernel choice").
+  int cuda_skinny_max = -1;
 };
 
 // The activation buffers of the forward pass.
 enum class Act { kX, kXn, kQ, kK, kV, kAtt, kGate, kUp, kOut, kCount };
 
+// The kernel one matmul ran for a weight type at a batch width (rows).
+struct KernelChoice {
+  std::string weight_type;  // "Q4_K"
+  int64_t width = 0;        // activation rows of the matmul
+  std::string kernel;       // "qmm<Q4_K, 4 rows x 8 tokens>", "gemv<Q8_0>", ...
+};
+
 // What a backend tells bench: its device, memory and peaks.
 struct DeviceReport {
-  std::string name;                // "cpu: 2 threads, avx2" or the GPU's name
-  double peak_gb_per_s = 0;        // memory bandwidth from the spec sheet (0: unknown)
-  double peak_fp16_tflops = 0;     // dense fp16 tensor peak (0: unknown)
-  int64_t weight_bytes = 0;        // what prepare() holds for the weights
-  int64_t kv_pool_bytes = 0;       // the pool allocated for the KV cache
-  int64_t peak_bytes = 0;          // device memory in use at its peak (0: not measured)
-  std::vector<std::string> notes;  // e.g. weight types that took a slower path
+  std::string name;                   // "cpu: 2 threads, avx2" or the GPU's name
+  double peak_gb_per_s = 0;           // memory bandwidth from the spec sheet (0: unknown)
+  double peak_fp16_tflops = 0;        // dense fp16 tensor peak (0: unknown)
+  int64_t weight_bytes = 0;           // what prepare() holds for the weights
+  int64_t kv_pool_bytes = 0;          // the pool allocated for the KV cache
+  int64_t peak_bytes = 0;             // device memory in use at its peak (0: not measured)
+  std::vector<std::string> notes;     // e.g. weight types that took a slower path
+  std::vector<KernelChoice> kernels;  // by (type, width); empty where there is one path
 };
 
 // A streaming read over a buffer in the backend's memory (bench's roofline).

@@ -128,6 +128,7 @@ struct Report {
   std::vector<int> threads;
   std::vector<std::string> tests;
   std::vector<std::string> notices;
+  bool verbose = false;  // -v: the kernel table in the markdown
   bool interrupted = false;
   std::vector<KvRow> kv;
   std::vector<ThreadRun> runs;

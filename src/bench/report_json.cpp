@@ -67,6 +67,9 @@ json run_json(const ThreadRun& t) {
                  {"kv_pool_bytes", t.report.kv_pool_bytes},
                  {"peak_bytes", t.report.peak_bytes},
                  {"notes", t.report.notes}};
+  json& kern = j["device"]["kernels"] = json::array();
+  for (const KernelChoice& k : t.report.kernels)
+    kern.push_back({{"weight_type", k.weight_type}, {"width", k.width}, {"kernel", k.kernel}});
   const RooflineResult& f = t.roofline;
   if (f.ran) {
     j["roofline"] = {{"buffer_bytes", f.buffer_bytes},

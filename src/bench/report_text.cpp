@@ -199,6 +199,12 @@ void device_md(std::string& o, const Report& r) {
           "activations and workspaces)\n",
           si(d.peak_bytes, "B"));
     for (const std::string& n : d.notes) o += fmt::format("  - note: {}\n", n);
+    if (r.verbose && !d.kernels.empty()) {
+      o += "\n  | weight type | width | kernel |\n  |---|---:|---|\n";
+      for (const KernelChoice& k : d.kernels)
+        o += fmt::format("  | {} | {} | {} |\n", k.weight_type, k.width, k.kernel);
+      o += "\n";
+    }
     if (t.roofline.ran && d.peak_gb_per_s > 0)
       o += fmt::format("  - decode at C={}: weights {:.0f} GB/s = {:.0f}% of the peak bandwidth\n",
                        t.roofline.n_cached, t.roofline.weight_gb_per_s,

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "elementwise.cuh"
 #include "embed.cuh"
 #include "gemv.cuh"
+#include "qmm.cuh"
 #include "rmsnorm.cuh"
 #include "rope_kv.cuh"
 
@@ -82,6 +84,32 @@ bool env_on(const char* name, bool dflt) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return dflt;
   return std::strcmp(v, "0") != 0;
+}
+
+// BARATA_CUDA_QMM_MAX: the widest batch the skinny kernels (gemv, qmm) take
+// for a quantized weight; wider ones dequantize to fp16 for cuBLAS. The
+// default is an estimate, not a measurement (docs/cuda.md, "Kernel choice"):
+// qmm reads each activation row from L1 once per 4 weight rows, so past ~16
+// tokens its activation traffic outgrows what dequant + tensor cores costs.
+constexpr int64_t kDefaultQmmMax = 16;
+int64_t qmm_max_from_env() {
+  const char* v = std::getenv("BARATA_CUDA_QMM_MAX");
+  if (v == nullptr || *v == '\0') return kDefaultQmmMax;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (*end != '\0' || n < 0 || n > kQmmMaxTokens)
+    fail("BARATA_CUDA_QMM_MAX={}: want a width from 0 (always cuBLAS) to {}", v, kQmmMaxTokens);
+  return n;
+}
+
+// How one matmul of a given weight type and batch width runs.
+enum class MatmulPath { kGemv, kQmm, kCublasF16, kDequantCublas };
+
+MatmulPath choose_matmul(DType type, int64_t n, int64_t qmm_max) {
+  if (n <= std::min(kGemvMaxTokens, qmm_max) && gemv_supported(type)) return MatmulPath::kGemv;
+  const bool is_float = type == DType::F32 || type == DType::F16 || type == DType::BF16;
+  if (!is_float && n <= qmm_max && qmm_supported(type)) return MatmulPath::kQmm;
+  return type == DType::F16 ? MatmulPath::kCublasF16 : MatmulPath::kDequantCublas;
 }
 
 // Dense fp16 tensor-core FLOPs per SM per clock (fp32 accumulate), from the
@@ -216,6 +244,9 @@ class CudaBackend final : public Backend {
     graphs_on_ = env_on("BARATA_CUDA_GRAPHS", true);
 #endif
     sync_each_op_ = env_on("BARATA_CUDA_SYNC", false);
+    if (opts.cuda_skinny_max > kQmmMaxTokens)
+      fail("CUDA: a skinny-kernel width of {} (0..{})", opts.cuda_skinny_max, kQmmMaxTokens);
+    qmm_max_ = opts.cuda_skinny_max >= 0 ? opts.cuda_skinny_max : qmm_max_from_env();
   }
 
   ~CudaBackend() override {
@@ -339,6 +370,8 @@ class CudaBackend final : public Backend {
     r.peak_bytes = arena_.peak();
     r.notes = notes_;
     if (!graphs_on_) r.notes.push_back("CUDA graphs off (BARATA_CUDA_GRAPHS=0)");
+    for (const auto& [key, kernel] : kernels_)
+      r.kernels.push_back({dtype_name(key.first), key.second, kernel});
     return r;
   }
 
@@ -393,6 +426,12 @@ class CudaBackend final : public Backend {
   }
 
   void run_matmul(const DevWeight& w, const float* x, int64_t n, float* y);
+  // Rows of a weight dequantized per cuBLAS call: the tile's budget, at most
+  // 65535 rows (one grid dimension of the dequantizer).
+  static int64_t dequant_tile_rows(const DevWeight& w) {
+    return std::max<int64_t>(1,
+                             std::min({w.n_rows, kDequantTileBytes / (2 * w.k), int64_t{65535}}));
+  }
   void ensure_rows(int64_t n);
   void drop_graphs() {
     for (auto& [w, g] : graphs_) cudaGraphExecDestroy(g);
@@ -406,6 +445,9 @@ class CudaBackend final : public Backend {
   void* cublas_ws_ = nullptr;
   DeviceArena arena_;
   bool graphs_on_ = true, sync_each_op_ = false;
+  int64_t qmm_max_ = kDefaultQmmMax;
+  // The kernel each (weight type, batch width) ran, for bench -v and its JSON.
+  std::map<std::pair<DType, int64_t>, std::string> kernels_;
 
   const Model* model_ = nullptr;
   int64_t n_ctx_ = 0;
@@ -445,9 +487,12 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
 
   // What the device will hold, checked against its free memory before any
   // of it is allocated.
+  // Every type of the type table has device kernels (kernels/qdecode.cuh);
+  // a type added to the table without them is converted to F16 here.
   auto native = [&](const WeightDesc& w) {
     const bool is_embd = w.id == model.token_embd().id;
-    return dequant_f16_supported(w.type) && (!is_embd || embed_supported(w.type));
+    const bool matmul = qmm_supported(w.type) || dequant_f16_supported(w.type);
+    return matmul && (!is_embd || embed_supported(w.type));
   };
   int64_t weights = 0, converted = 0;
   for (const WeightDesc* w : model.matrices()) {
@@ -524,6 +569,13 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
     notes_.push_back(std::to_string(converted) +
                      " matrices have no CUDA kernel for their type yet and were converted to F16 "
                      "at load (more memory, same results within fp16)");
+  // The fp16 tile the widest matmuls dequantize into, allocated now: a
+  // captured graph (decode widths up to kQmmMaxTokens may take cuBLAS) must
+  // not allocate.
+  int64_t tile = 0;
+  for (const DevWeight& d : weights_)
+    if (d.type != DType::F16) tile = std::max(tile, dequant_tile_rows(d) * d.k * 2);
+  if (tile > 0) tile_f16_.ensure(arena_, tile, "the dequant tile");
   // Tied output: the embedding's device copy serves both (same id).
 
   auto upload_vec = [&](const std::vector<float>& v) {
@@ -589,7 +641,7 @@ void CudaBackend::ensure_rows(int64_t n) {
   workspace_.ensure(arena_,
                     static_cast<int64_t>(attention_decode_workspace(rows, attn_, split_)) * 4,
                     "the attention workspace");
-  // Logits for the rows that want them: a decode graph's (<= 8 rows) always
+  // Logits for the rows that want them: a decode graph's (<= 64 rows) always
   // fit; a wider request grows the buffer in logits(), outside any capture.
   logits_.ensure(arena_, std::min<int64_t>(rows, 64) * c.n_vocab * 4, "logits");
   acts_rows_ = rows;
@@ -662,7 +714,7 @@ void CudaBackend::begin(const Batch& b) {
   // A decode step of a width seen before replays its graph; the first one of
   // a width is captured while it runs.
   replay_ = capturing_ = false;
-  const bool graphable = graphs_on_ && decode_shape_ && rows_ <= kGemvMaxTokens &&
+  const bool graphable = graphs_on_ && decode_shape_ && rows_ <= kQmmMaxTokens &&
                          static_cast<int64_t>(b.logit_rows.size()) == rows_;
   if (graphable) {
     if (graphs_.count(rows_)) {
@@ -676,26 +728,48 @@ void CudaBackend::begin(const Batch& b) {
 
 void CudaBackend::run_matmul(const DevWeight& w, const float* x, int64_t n, float* y) {
   const int64_t ldy = w.n_rows;
-  if (n <= kGemvMaxTokens && gemv_supported(w.type)) {
+  const MatmulPath path = choose_matmul(w.type, n, qmm_max_);
+  auto log_kernel = [&](auto make) {
+    auto key = std::make_pair(w.type, n);
+    if (!kernels_.count(key)) kernels_[key] = make();
+  };
+  if (path == MatmulPath::kGemv) {
+    log_kernel([&] { return std::string("gemv<") + dtype_name(w.type) + ">"; });
     launch_gemv(w.type, w.data, w.row_bytes, w.k, w.n_rows, w.scale, x, n, y, ldy, stream_);
     after("gemv");
     return;
   }
+  if (path == MatmulPath::kQmm) {
+    log_kernel([&] { return qmm_variant(w.type, n); });
+    launch_qmm(w.type, w.data, w.row_bytes, w.k, w.n_rows, w.scale, x, n, y, ldy, stream_);
+    after("qmm");
+    return;
+  }
   // GEMM: activations to fp16, the weight to fp16 tile by tile (F16 weights
-  // are used as they are), then cuBLAS with fp32 accumulation.
+  // are used as they are), then cuBLAS with fp32 accumulation. The six types
+  // of dequant.cuh take its flat dequantizer; the rest the row one of qmm.cuh.
+  const bool flat = dequant_f16_supported(w.type);
+  log_kernel([&] {
+    return path == MatmulPath::kCublasF16 ? std::string("cublasGemmEx<f16>")
+                                          : std::string(flat ? "dequant" : "dequant_rows") + "<" +
+                                                dtype_name(w.type) + "> to f16 + cublasGemmEx";
+  });
   act_f16_.ensure(arena_, n * w.k * 2, "fp16 activations");
   launch_f32_to_f16(x, act_f16_.as<uint16_t>(), n * w.k, stream_);
   const float alpha = w.scale, beta = 0.0f;
   int64_t tile_rows = w.n_rows;
-  if (w.type != DType::F16) {
-    tile_rows = std::max<int64_t>(1, std::min(w.n_rows, kDequantTileBytes / (2 * w.k)));
+  if (path == MatmulPath::kDequantCublas) {
+    tile_rows = dequant_tile_rows(w);
     tile_f16_.ensure(arena_, tile_rows * w.k * 2, "the dequant tile");
   }
   for (int64_t r0 = 0; r0 < w.n_rows; r0 += tile_rows) {
     const int64_t nr = std::min(tile_rows, w.n_rows - r0);
     const void* a = static_cast<const uint8_t*>(w.data) + r0 * static_cast<int64_t>(w.row_bytes);
-    if (w.type != DType::F16) {
-      cuda_dequantize_to_f16(w.type, a, tile_f16_.p, nr * w.k, stream_);
+    if (path == MatmulPath::kDequantCublas) {
+      if (flat)
+        cuda_dequantize_to_f16(w.type, a, tile_f16_.p, nr * w.k, stream_);
+      else
+        launch_dequant_rows_f16(w.type, a, w.row_bytes, w.k, nr, tile_f16_.as<uint16_t>(), stream_);
       a = tile_f16_.p;
     }
     // Row-major Y (n x n_rows) = X (n x k) W^T: in cuBLAS's column-major

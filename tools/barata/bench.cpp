@@ -40,7 +40,7 @@ struct BenchArgs {
   int64_t n_ctx = 0;
   int64_t bandwidth_mib = 1024;
   std::string device = "cpu";
-  bool json = false, csv = false, md = false;
+  bool json = false, csv = false, md = false, verbose = false;
   Settings s;
 };
 
@@ -188,6 +188,7 @@ int run(BenchArgs& a) {
   for (const auto& n : rep.notices) fmt::print(stderr, "note: {}\n", n);
 
   rep.model = bench::model_info(model, path, n_ctx);
+  rep.verbose = a.verbose;
   rep.cpu = bench::cpu_name();
   rep.hardware_threads = static_cast<int>(std::thread::hardware_concurrency());
   rep.settings = s;
@@ -326,6 +327,8 @@ Command add_bench(CLI::App& app) {
       ->check(CLI::Range(1, 4096));
   sub->add_option("--bw-mib", a->bandwidth_mib, "MiB streamed by the bandwidth probe")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  sub->add_flag("-v,--verbose", a->verbose,
+                "Also print the kernel each matmul ran, by weight type and batch width");
   auto* json = sub->add_flag("--json", a->json, "Print JSON (schema: docs/bench-schema.md)");
   auto* csv = sub->add_flag("--csv", a->csv, "Print CSV, one row per measured quantity");
   auto* md = sub->add_flag("--md", a->md, "Print markdown tables (the default)");
