@@ -21,18 +21,27 @@
 #   -- ARGS...       extra arguments for the cmake configure step
 #
 # The benchmark (docs/cuda.md, "The GPU check and its synthetic models") builds
-# its models on the machine: barata_synth writes a random-weight Qwen2.5-0.5B
-# (F16) into a temporary folder, `barata quantize` makes Q8_0, Q4_0 and NF4 of
-# it, `barata bench --device cuda` measures each, and greedy `barata run` on
-# CUDA and on the CPU are compared. Everything lands in $OUT (or the logs
-# folder), the summary in cuda-results.md. Environment:
+# its models on the machine: barata_synth writes a random-weight 0.5B (preset
+# llama-0.5b, F16) into a temporary folder, `barata quantize` makes every other type of it
+# (and the Q4_K_M mix), `barata bench --device cuda -v` measures each (prefill,
+# decode, the batch sweep B=1..64 with the kernel chosen per width, the
+# roofline; SVG charts with --plot), greedy `barata run` on CUDA and on the CPU
+# are compared, and the crossover step runs the batch sweep of a few types
+# twice, skinny kernels up to width 64 (BARATA_CUDA_QMM_MAX=64) against
+# dequant + cuBLAS at every width (=0), to measure where cuBLAS starts to win.
+# Everything lands in $OUT (or the logs folder), the summary in
+# cuda-results.md. Environment:
 #   BARATA_BENCH_DEVICE  cuda (default) or cpu (a dry run of the pipeline)
-#   BARATA_BENCH_PRESET  barata_synth preset (default qwen2.5-0.5b; tiny for a dry run)
+#   BARATA_BENCH_PRESET  barata_synth preset (default llama-0.5b: every row a multiple of 256,
+#                        so the K-quants cover every matrix; tiny for a dry run)
 #   BARATA_BENCH_LAYERS  override the preset's layer count
-#   BARATA_BENCH_TYPES   quantized types (default "q8_0 q4_0 nf4")
-#   BARATA_BENCH_ARGS    bench flags (default "--tests prefill,decode,batch,roofline -p 64,512,2048
-#                        -c 64,1024 -b 1,4,16 -r 3")
-#   BARATA_BENCH_BUDGET  seconds for the whole benchmark step (default 240)
+#   BARATA_BENCH_TYPES   quantized types (default: every one barata quantize
+#                        writes, and q4_k_m: Q4_K with Q6_K attn_v, ffn_down, output)
+#   BARATA_BENCH_ARGS    bench flags (default "--tests prefill,decode,batch,roofline -p 512,2048
+#                        -c 64,1024 -b 1,2,4,8,16,32,64 -r 3 -v")
+#   BARATA_BENCH_BUDGET  seconds for the whole benchmark step (default 360)
+#   BARATA_CROSSOVER_TYPES  types of the crossover step (default "q4_k q8_0 nf4"; "" skips it)
+#   BARATA_CROSSOVER_BUDGET seconds of the budget kept for it (default 70)
 #   BARATA_BENCH_TMP     folder for the model files (default: a new one in /tmp)
 set -euo pipefail
 
@@ -53,7 +62,7 @@ while [ $# -gt 0 ]; do
     --no-bench) NO_BENCH=1 ;;
     --no-build) NO_BUILD=1 ;;
     --) shift; EXTRA_CMAKE=("$@"); break ;;
-    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,45p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -205,10 +214,13 @@ json_text() { grep -o '"text":"\([^"\\]\|\\.\)*"' "$1" | head -1 | sed 's/^"text
 benchmark() {
   step "benchmark"
   local device="${BARATA_BENCH_DEVICE:-cuda}"
-  local preset="${BARATA_BENCH_PRESET:-qwen2.5-0.5b}"
-  local types="${BARATA_BENCH_TYPES:-q8_0 q4_0 nf4}"
-  local budget="${BARATA_BENCH_BUDGET:-240}"
-  local bench_args="${BARATA_BENCH_ARGS:---tests prefill,decode,batch,roofline -p 64,512,2048 -c 64,1024 -b 1,4,16 -r 3}"
+  local preset="${BARATA_BENCH_PRESET:-llama-0.5b}"
+  local types="${BARATA_BENCH_TYPES:-q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q4_k_m q5_k q6_k iq4_nl int8-tensor int8-row int4-tensor int4-row int4-g128 nf4}"
+  local budget="${BARATA_BENCH_BUDGET:-360}"
+  local bench_args="${BARATA_BENCH_ARGS:---tests prefill,decode,batch,roofline -p 512,2048 -c 64,1024 -b 1,2,4,8,16,32,64 -r 3 -v}"
+  local cross_types="${BARATA_CROSSOVER_TYPES-q4_k q8_0 nf4}"
+  local cross_budget="${BARATA_CROSSOVER_BUDGET:-70}"
+  if [ -z "$cross_types" ]; then cross_budget=0; fi
   local bin="$BUILD/barata" synth="$BUILD/barata_synth" results="$LOGS/cuda-results.md"
   local t_start
   t_start="$(now)"
@@ -258,9 +270,15 @@ benchmark() {
   fi
   local files=("$f16") names=(F16) t
   for t in $types; do
-    local q="$tmp/$preset-$t.gguf"
-    if timed "barata quantize --type $t" "$LOGS/quantize-$t.log" "$LOGS/quantize-$t.err" \
-      "$bin" quantize "$f16" "$q" --type "$t"; then
+    local q="$tmp/$preset-$t.gguf" qargs=(--type "$t")
+    # llama.cpp's Q4_K_M in outline (llama-quant.cpp): Q4_K, Q6_K for the
+    # output and attn_v / ffn_down (there: half of their layers; here all).
+    if [ "$t" = q4_k_m ]; then
+      qargs=(--type q4_k --output-type q6_k --override 'blk.*.attn_v.weight=q6_k'
+        --override 'blk.*.ffn_down.weight=q6_k')
+    fi
+    if timed "barata quantize ${qargs[*]}" "$LOGS/quantize-$t.log" "$LOGS/quantize-$t.err" \
+      "$bin" quantize "$f16" "$q" "${qargs[@]}"; then
       files+=("$q")
       names+=("$(echo "$t" | tr '[:lower:]' '[:upper:]')")
     else
@@ -317,7 +335,7 @@ benchmark() {
   local sections="" n=${#files[@]} k
   for k in "${!files[@]}"; do
     local left tmo name="${names[$k]}"
-    left="$(awk -v a="$t_start" -v b="$(now)" -v B="$budget" 'BEGIN { printf "%d", B - (b - a) }')"
+    left="$(awk -v a="$t_start" -v b="$(now)" -v B="$((budget - cross_budget))" 'BEGIN { printf "%d", B - (b - a) }')"
     tmo=$((left / (n - k)))
     if [ "$tmo" -lt 15 ]; then tmo=$((left < 15 ? left : 15)); fi
     if [ "$tmo" -lt 10 ]; then
@@ -329,12 +347,70 @@ benchmark() {
     # shellcheck disable=SC2086  # bench_args is a list of flags
     timed "barata bench $name" "$LOGS/bench-$name.md" "$LOGS/bench-$name.log" \
       timeout --foreground -s INT -k 15 "$tmo" "$bin" bench -m "${files[$k]}" "${bench_dev[@]}" "${threads[@]}" \
-      $bench_args || rc=1
+      $bench_args --plot "$LOGS/plots-$name" || rc=1
     sections+=$'\n'"$(sed -e 's/^#### /##### /' -e 's/^### /#### /' \
       -e "1s/^## barata bench\$/### $name ($(du -m "${files[$k]}" | cut -f1) MiB)/" "$LOGS/bench-$name.md")"$'\n'
   done
 
-  # 4. The summary, ready for docs/cuda.md.
+  # 4. The crossover: each type's batch sweep with the skinny kernels at every
+  # width up to 64 and with dequant + cuBLAS at every width; the first width
+  # where cuBLAS is at least as fast is where the default should switch.
+  local crossover=""
+  if [ -n "$cross_types" ]; then
+    local ct n_ct=0 cross_start
+    cross_start="$(now)"
+    for ct in $cross_types; do n_ct=$((n_ct + 1)); done
+    crossover="| type | B | skinny tokens/s | cuBLAS tokens/s | cuBLAS / skinny |"$'\n'
+    crossover+="|---|---:|---:|---:|---:|"$'\n'
+    local found=""
+    for ct in $cross_types; do
+      local cname f="" i
+      cname="$(echo "$ct" | tr '[:lower:]' '[:upper:]')"
+      for i in "${!names[@]}"; do [ "${names[$i]}" = "$cname" ] && f="${files[$i]}"; done
+      if [ -z "$f" ]; then
+        crossover+="| $cname | - | not measured: no such file among the benchmark's types | | |"$'\n'
+        continue
+      fi
+      local per=$((cross_budget / (2 * n_ct))) mx
+      if [ "$per" -lt 8 ]; then per=8; fi
+      for mx in 64 0; do
+        BARATA_CUDA_QMM_MAX=$mx timed "crossover $cname BARATA_CUDA_QMM_MAX=$mx" \
+          "$LOGS/crossover-$cname-$mx.csv" "$LOGS/crossover-$cname-$mx.log" \
+          timeout --foreground -s INT -k 10 "$per" "$bin" bench -m "$f" "${bench_dev[@]}" \
+          "${threads[@]}" --tests batch -b 1,2,4,8,12,16,24,32,48,64 -r 3 --csv || rc=1
+      done
+      # Median tokens/s per B of each run, joined on B.
+      local rows
+      rows="$(awk -F, '
+        FNR == 1 { file++ }
+        $1 == "batch" && $6 == "tokens_per_s" { v[file, $4] = $9; bs[$4] = 1 }
+        END {
+          n = 0
+          for (b in bs) list[++n] = b + 0
+          for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++)
+            if (list[j] < list[i]) { t = list[i]; list[i] = list[j]; list[j] = t }
+          for (i = 1; i <= n; i++) {
+            b = list[i]; q = v[1, b]; c = v[2, b]
+            printf "%d %s %s %s\n", b, (q == "" ? "-" : sprintf("%.0f", q)),
+              (c == "" ? "-" : sprintf("%.0f", c)),
+              (q == "" || c == "" || q == 0 ? "-" : sprintf("%.2f", c / q))
+          }
+        }' "$LOGS/crossover-$cname-64.csv" "$LOGS/crossover-$cname-0.csv")"
+      local first="" b q c r
+      while read -r b q c r; do
+        [ -n "$b" ] || continue
+        crossover+="| $cname | $b | $q | $c | $r |"$'\n'
+        if [ -z "$first" ] && [ "$r" != - ] && awk -v r="$r" 'BEGIN { exit !(r >= 1) }'; then
+          first="$b"
+        fi
+      done <<<"$rows"
+      found+="- $cname: cuBLAS at least as fast from B = ${first:-(none up to 64)}"$'\n'
+    done
+    crossover+=$'\n'"$found"
+    crossover+="- the default switches above B = 16 (BARATA_CUDA_QMM_MAX); step $(secs_since "$cross_start") s"
+  fi
+
+  # 5. The summary, ready for docs/cuda.md.
   local gpu cuda
   gpu="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
   cuda="$(nvcc --version 2>/dev/null | grep -o 'release [^,]*, V[0-9.]*' || echo "no nvcc")"
@@ -360,6 +436,12 @@ benchmark() {
     echo "### $dev_name against the CPU: greedy ids"
     echo
     echo "$agreement"
+    if [ -n "$crossover" ]; then
+      echo
+      echo "### Crossover: skinny kernels against dequant + cuBLAS (batch sweep, median tokens/s)"
+      echo
+      echo "$crossover"
+    fi
     printf '%s\n' "$sections"
   } >"$results"
   echo "  wrote $results ($(secs_since "$t_start") s)"

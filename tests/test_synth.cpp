@@ -108,6 +108,24 @@ TEST(Synth, Qwen25HalfBillionShape) {
   EXPECT_EQ(Tokenizer::from_gguf(m.file()).n_vocab(), 151936);
 }
 
+// The GPU check's default: a 0.5B llama whose every row length is a
+// multiple of 256 (the K-quants' block), one layer kept.
+TEST(Synth, KQuantFriendlyHalfBillionShape) {
+  TempDir dir;
+  const Model m = Model::load(make(dir, "k.gguf", "--preset llama-0.5b --layers 1 --type Q4_0"));
+  const ModelConfig& c = m.config();
+  EXPECT_EQ(c.arch, "llama");
+  EXPECT_EQ(c.d_model, 1024);
+  EXPECT_EQ(c.n_head, 16);
+  EXPECT_EQ(c.n_head_kv, 8);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.d_ff, 3072);
+  EXPECT_EQ(c.n_vocab, 151936);
+  EXPECT_TRUE(c.tied_embeddings);
+  EXPECT_FALSE(c.qkv_bias);
+  for (int64_t k : {c.d_model, c.n_head * c.head_dim, c.d_ff}) EXPECT_EQ(k % 256, 0) << k;
+}
+
 TEST(Synth, OtherPresetsAndLayerOverride) {
   TempDir dir;
   const Model a = Model::load(make(dir, "a.gguf", "--preset tiny-llama --type F32 --layers 3"));
@@ -123,6 +141,7 @@ TEST(Synth, OtherPresetsAndLayerOverride) {
   const CliResult list = run_synth("--list");
   EXPECT_EQ(list.status, 0);
   EXPECT_NE(list.out.find("qwen2.5-0.5b"), std::string::npos) << list.out;
+  EXPECT_NE(list.out.find("llama-0.5b"), std::string::npos) << list.out;
 }
 
 // Values are a function of (seed, tensor name, index): the same for any

@@ -59,6 +59,12 @@ const Preset kPresets[] = {
      "Qwen2.5-0.5B: 24 layers, d_model 896, 14/2 heads x 64, d_ff 4864, vocab 151936, tied"},
     {"smollm2-135m", "llama", 30, 576, 9, 3, 1536, 49152, 8192, 1e5f, 1e-5f, false, true,
      "SmolLM2-135M: 30 layers, d_model 576, 9/3 heads x 64, d_ff 1536, vocab 49152, tied"},
+    // Qwen3-0.6B's matrix sizes (d_model 1024, d_ff 3072, vocab 151936, 28
+    // layers, 8 KV heads) as a llama with 64-wide heads: every row length is
+    // a multiple of 256, so the K-quants apply to every matrix.
+    {"llama-0.5b", "llama", 28, 1024, 16, 8, 3072, 151936, 32768, 1e6f, 1e-6f, false, true,
+     "K-quant-friendly 0.5B: llama, 28 layers, d_model 1024, 16/8 heads x 64, d_ff 3072, "
+     "vocab 151936, tied"},
     {"tiny", "qwen2", 2, 128, 4, 2, 384, 1024, 512, 1e6f, 1e-6f, true, true,
      "tests: qwen2, 2 layers, d_model 128, 4/2 heads x 32, d_ff 384, vocab 1024, tied"},
     {"tiny-llama", "llama", 2, 128, 4, 4, 320, 768, 256, 1e4f, 1e-5f, false, false,
