@@ -175,5 +175,29 @@ TEST(BenchReport, RenderersCoverEveryPart) {
                                       "batch_latency.svg", "cache_macs.svg", "cache_time.svg"}));
 }
 
+// bench -v on a GPU backend: the kernel each (weight type, width) ran, in the
+// markdown's Device section only with -v, and in the JSON always.
+TEST(BenchReport, KernelChoicesInTheDeviceSectionAndTheJson) {
+  Report r = tiny_report();
+  ThreadRun& t = r.runs[0];
+  t.device = "cuda";
+  t.report.name = "a GPU";
+  t.report.kernels = {{"Q4_K", 1, "qmm<Q4_K, 4 rows x 1 tokens>"},
+                      {"Q4_K", 64, "dequant_rows<Q4_K> to f16 + cublasGemmEx"}};
+  EXPECT_EQ(to_markdown(r).find("qmm<Q4_K"), std::string::npos) << "printed without -v";
+  r.verbose = true;
+  const std::string md = to_markdown(r);
+  EXPECT_NE(md.find("| weight type | width | kernel |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| Q4_K | 1 | qmm<Q4_K, 4 rows x 1 tokens> |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| Q4_K | 64 | dequant_rows<Q4_K> to f16 + cublasGemmEx |"), std::string::npos)
+      << md;
+  const auto j = nlohmann::json::parse(to_json(r));
+  const auto& k = j["runs"][0]["device"]["kernels"];
+  ASSERT_EQ(k.size(), 2u) << j.dump();
+  EXPECT_EQ(k[1]["weight_type"], "Q4_K");
+  EXPECT_EQ(k[1]["width"], 64);
+  EXPECT_EQ(k[1]["kernel"], "dequant_rows<Q4_K> to f16 + cublasGemmEx");
+}
+
 }  // namespace
 }  // namespace barata::bench
