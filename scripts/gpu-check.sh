@@ -21,9 +21,11 @@
 #   -- ARGS...       extra arguments for the cmake configure step
 #
 # The benchmark (docs/cuda.md, "The GPU check and its synthetic models") builds
-# its models on the machine: barata_synth writes a random-weight 0.5B (preset
-# llama-0.5b, F16) into a temporary folder, `barata quantize` makes every other type of it
-# (and the Q4_K_M mix), `barata bench --device cuda -v` measures each (prefill,
+# its models on the machine: barata_synth writes a random-weight Qwen2.5-0.5B
+# (F16) into a temporary folder and `barata quantize` makes every block-32/64
+# type and barata's schemes of it; the K-quants (and the Q4_K_M mix) come from
+# a second 0.5B (preset llama-0.5b), whose rows are multiples of their 256-weight
+# block. `barata bench --device cuda -v` measures each (prefill,
 # decode, the batch sweep B=1..64 with the kernel chosen per width, the
 # roofline; SVG charts with --plot), greedy `barata run` on CUDA and on the CPU
 # are compared, and the crossover step runs the batch sweep of a few types
@@ -32,11 +34,14 @@
 # Everything lands in $OUT (or the logs folder), the summary in
 # cuda-results.md. Environment:
 #   BARATA_BENCH_DEVICE  cuda (default) or cpu (a dry run of the pipeline)
-#   BARATA_BENCH_PRESET  barata_synth preset (default llama-0.5b: every row a multiple of 256,
-#                        so the K-quants cover every matrix; tiny for a dry run)
-#   BARATA_BENCH_LAYERS  override the preset's layer count
-#   BARATA_BENCH_TYPES   quantized types (default: every one barata quantize
-#                        writes, and q4_k_m: Q4_K with Q6_K attn_v, ffn_down, output)
+#   BARATA_BENCH_PRESET  barata_synth preset (default qwen2.5-0.5b; tiny for a dry run)
+#   BARATA_BENCH_LAYERS  override the presets' layer count
+#   BARATA_BENCH_TYPES   its quantized types (default: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl
+#                        int8-tensor int8-row int4-tensor int4-row int4-g128 nf4)
+#   BARATA_BENCH_KPRESET the K-quants' preset (default llama-0.5b: every row a multiple
+#                        of 256; the same as BARATA_BENCH_PRESET for a dry run)
+#   BARATA_BENCH_KTYPES  its types (default "q4_k q4_k_m q5_k q6_k"; q4_k_m is Q4_K
+#                        with Q6_K attn_v, ffn_down and output; "" skips them)
 #   BARATA_BENCH_ARGS    bench flags (default "--tests prefill,decode,batch,roofline -p 512,2048
 #                        -c 64,1024 -b 1,2,4,8,16,32,64 -r 3 -v")
 #   BARATA_BENCH_BUDGET  seconds for the whole benchmark step (default 360)
@@ -62,7 +67,7 @@ while [ $# -gt 0 ]; do
     --no-bench) NO_BENCH=1 ;;
     --no-build) NO_BUILD=1 ;;
     --) shift; EXTRA_CMAKE=("$@"); break ;;
-    -h | --help) sed -n '2,45p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,50p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -204,6 +209,60 @@ timed() {
   return "$rc"
 }
 
+# quantize_each SRC PRESET TYPES: barata quantize SRC to each type, appending
+# the files and their names to the caller's files and names arrays.
+quantize_each() {
+  local src="$1" pre="$2" t
+  for t in $3; do
+    local q="$tmp/$pre-$t.gguf" qargs=(--type "$t")
+    # llama.cpp's Q4_K_M in outline (llama-quant.cpp): Q4_K, Q6_K for the
+    # output and attn_v / ffn_down (there: half of their layers; here all).
+    if [ "$t" = q4_k_m ]; then
+      qargs=(--type q4_k --output-type q6_k --override 'blk.*.attn_v.weight=q6_k'
+        --override 'blk.*.ffn_down.weight=q6_k')
+    fi
+    if timed "barata quantize ${qargs[*]} ($pre)" "$LOGS/quantize-$t.log" "$LOGS/quantize-$t.err" \
+      "$bin" quantize "$src" "$q" "${qargs[@]}"; then
+      files+=("$q")
+      names+=("$(echo "$t" | tr '[:lower:]' '[:upper:]')")
+      presets+=("$pre")
+    else
+      rc=1
+    fi
+  done
+}
+
+# bench_summary MD: one line of fields from a `barata bench` markdown output
+# (medians; "-" where absent): tg B=1 tokens/s, B=16, B=64, the knee (the
+# smallest B whose tokens/s reach 90% of the sweep's best), pp512 and pp2048
+# tokens/s, pp2048 TFLOP/s, decode's % of the peak bandwidth (Device
+# section) and the roofline fraction against the measured bandwidth.
+bench_summary() {
+  awk '
+    function med(cell) { return match(cell, /\([^)]*\)/) ? substr(cell, RSTART + 1, RLENGTH - 2) : "-" }
+    /^### / { sec = $2 }
+    /^\|/ && $0 !~ /---/ {
+      n = split($0, f, "|")
+      if (sec == "Batch" && f[3] ~ /^ *[0-9]+ *$/) { b = f[3] + 0; tps[b] = med(f[5]); bs[++nb] = b }
+      if (sec == "Prefill:" && f[3] ~ /^ *[0-9]+ *$/) pp[f[3] + 0] = med(f[6])
+      if (sec == "Roofline:" && f[9] ~ /%/) { frac = f[9]; gsub(/ /, "", frac) }
+    }
+    /^  - decode at C=/ { if (match($0, /= [0-9.]+% of the peak/)) hbm = substr($0, RSTART + 2, RLENGTH - 14) }
+    /^  - prefill P=2048:/ { tf = $4 }
+    END {
+      best = 0
+      for (i = 1; i <= nb; i++) if (tps[bs[i]] + 0 > best) best = tps[bs[i]] + 0
+      knee = "-"
+      for (i = 1; i <= nb; i++) if (knee == "-" && best > 0 && tps[bs[i]] + 0 >= 0.9 * best) knee = bs[i]
+      v1 = (1 in tps) ? tps[1] : "-"; v16 = (16 in tps) ? tps[16] : "-"; v64 = (64 in tps) ? tps[64] : "-"
+      printf "%s %s %s %s %s %s %s %s %s\n", v1, v16, v64, knee, (512 in pp) ? pp[512] : "-",
+        (2048 in pp) ? pp[2048] : "-", tf == "" ? "-" : tf, hbm == "" ? "-" : hbm, frac == "" ? "-" : frac
+    }' "$1"
+}
+
+# ratio A B: A / B to two decimals, or "-".
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-" || b == "-" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
+
 # The generated ids of a `barata run --json` output, comma-separated.
 json_ids() { grep -o '"generated_ids":\[[^]]*\]' "$1" | head -1 | sed 's/.*\[//; s/\]//'; }
 # The top logits of generated token I (from 0) of such an output (--top-logits).
@@ -214,8 +273,10 @@ json_text() { grep -o '"text":"\([^"\\]\|\\.\)*"' "$1" | head -1 | sed 's/^"text
 benchmark() {
   step "benchmark"
   local device="${BARATA_BENCH_DEVICE:-cuda}"
-  local preset="${BARATA_BENCH_PRESET:-llama-0.5b}"
-  local types="${BARATA_BENCH_TYPES:-q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q4_k_m q5_k q6_k iq4_nl int8-tensor int8-row int4-tensor int4-row int4-g128 nf4}"
+  local preset="${BARATA_BENCH_PRESET:-qwen2.5-0.5b}"
+  local types="${BARATA_BENCH_TYPES:-q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl int8-tensor int8-row int4-tensor int4-row int4-g128 nf4}"
+  local ktypes="${BARATA_BENCH_KTYPES-q4_k q4_k_m q5_k q6_k}"
+  local kpreset="${BARATA_BENCH_KPRESET:-llama-0.5b}"
   local budget="${BARATA_BENCH_BUDGET:-360}"
   local bench_args="${BARATA_BENCH_ARGS:---tests prefill,decode,batch,roofline -p 512,2048 -c 64,1024 -b 1,2,4,8,16,32,64 -r 3 -v}"
   local cross_types="${BARATA_CROSSOVER_TYPES-q4_k q8_0 nf4}"
@@ -268,23 +329,24 @@ benchmark() {
     rm -rf "$tmp"
     return 1
   fi
-  local files=("$f16") names=(F16) t
-  for t in $types; do
-    local q="$tmp/$preset-$t.gguf" qargs=(--type "$t")
-    # llama.cpp's Q4_K_M in outline (llama-quant.cpp): Q4_K, Q6_K for the
-    # output and attn_v / ffn_down (there: half of their layers; here all).
-    if [ "$t" = q4_k_m ]; then
-      qargs=(--type q4_k --output-type q6_k --override 'blk.*.attn_v.weight=q6_k'
-        --override 'blk.*.ffn_down.weight=q6_k')
+  local files=("$f16") names=(F16) presets=("$preset")
+  quantize_each "$f16" "$preset" "$types"
+  # The K-quants on a shape whose every row is a multiple of their 256-weight
+  # block (on Qwen2.5-0.5B's 896-wide rows barata quantize keeps F16 for all
+  # but ffn_down, so such a file would measure F16).
+  if [ -n "$ktypes" ]; then
+    local kf16="$f16"
+    if [ "$kpreset" != "$preset" ]; then
+      kf16="$tmp/$kpreset-f16.gguf"
+      if ! timed "barata_synth --preset $kpreset --type F16" "$LOGS/synth-k.log" \
+        "$LOGS/synth-k.err" "$synth" --preset "$kpreset" --type F16 --seed 0 "${layers[@]}" \
+        -o "$kf16"; then
+        kf16=""
+        rc=1
+      fi
     fi
-    if timed "barata quantize ${qargs[*]}" "$LOGS/quantize-$t.log" "$LOGS/quantize-$t.err" \
-      "$bin" quantize "$f16" "$q" "${qargs[@]}"; then
-      files+=("$q")
-      names+=("$(echo "$t" | tr '[:lower:]' '[:upper:]')")
-    else
-      rc=1
-    fi
-  done
+    if [ -n "$kf16" ]; then quantize_each "$kf16" "$kpreset" "$ktypes"; fi
+  fi
 
   # 2. Greedy ids on the device against the CPU, on the F16 file. A CPU dry
   # run compares one thread against all of them (the pipeline, not a device).
@@ -349,7 +411,7 @@ benchmark() {
       timeout --foreground -s INT -k 15 "$tmo" "$bin" bench -m "${files[$k]}" "${bench_dev[@]}" "${threads[@]}" \
       $bench_args --plot "$LOGS/plots-$name" || rc=1
     sections+=$'\n'"$(sed -e 's/^#### /##### /' -e 's/^### /#### /' \
-      -e "1s/^## barata bench\$/### $name ($(du -m "${files[$k]}" | cut -f1) MiB)/" "$LOGS/bench-$name.md")"$'\n'
+      -e "1s/^## barata bench\$/### $name (${presets[$k]}, $(du -m "${files[$k]}" | cut -f1) MiB)/" "$LOGS/bench-$name.md")"$'\n'
   done
 
   # 4. The crossover: each type's batch sweep with the skinny kernels at every
@@ -410,7 +472,31 @@ benchmark() {
     crossover+="- the default switches above B = 16 (BARATA_CUDA_QMM_MAX); step $(secs_since "$cross_start") s"
   fi
 
-  # 5. The summary, ready for docs/cuda.md.
+  # 5. One row per file, and the goals' ratios (against F16 and Q4_0 of the
+  # same preset, at B=1).
+  local table="" f16_b1="-" q40_b1="-" b1
+  for k in "${!files[@]}"; do
+    [ -s "$LOGS/bench-${names[$k]}.md" ] || continue
+    read -r b1 _ _ _ _ _ _ _ _ <<<"$(bench_summary "$LOGS/bench-${names[$k]}.md")"
+    if [ "${names[$k]}" = F16 ]; then f16_b1="$b1"; fi
+    if [ "${names[$k]}" = Q4_0 ]; then q40_b1="$b1"; fi
+  done
+  table="| type | preset | MiB | tg B=1 tokens/s | % of peak HBM | roofline fraction | B=16 tokens/s | B=16 / B=1 | B=64 tokens/s | knee B | pp512 tokens/s | pp2048 tokens/s | pp2048 TFLOP/s | B=1 / F16 | B=1 / Q4_0 |"$'\n'
+  table+="|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"$'\n'
+  for k in "${!files[@]}"; do
+    local nm="${names[$k]}" b16 b64 knee p512 p2048 tf hbm frac mib r16 r0
+    if [ ! -s "$LOGS/bench-$nm.md" ]; then
+      table+="| $nm | ${presets[$k]} | | not measured | | | | | | | | | | | |"$'\n'
+      continue
+    fi
+    read -r b1 b16 b64 knee p512 p2048 tf hbm frac <<<"$(bench_summary "$LOGS/bench-$nm.md")"
+    mib="$(du -m "${files[$k]}" | cut -f1)"
+    r16="-" r0="-"
+    if [ "${presets[$k]}" = "$preset" ]; then r16="$(ratio "$b1" "$f16_b1")" r0="$(ratio "$b1" "$q40_b1")"; fi
+    table+="| $nm | ${presets[$k]} | $mib | $b1 | $hbm | $frac | $b16 | $(ratio "$b16" "$b1") | $b64 | $knee | $p512 | $p2048 | $tf | $r16 | $r0 |"$'\n'
+  done
+
+  # 6. The summary, ready for docs/cuda.md.
   local gpu cuda
   gpu="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
   cuda="$(nvcc --version 2>/dev/null | grep -o 'release [^,]*, V[0-9.]*' || echo "no nvcc")"
@@ -423,7 +509,7 @@ benchmark() {
       echo "- GPU: none (a dry run on the CPU); CUDA: nvcc $cuda"
     fi
     echo "- host: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ //'), $(nproc) cores"
-    echo "- models: barata_synth \`--preset $tag --seed 0\` (random weights, std 0.02), F16 quantized by \`barata quantize\` to $types"
+    echo "- models: barata_synth \`--preset $tag --seed 0\` (random weights, std 0.02), F16 quantized by \`barata quantize\` to $types; \`--preset $kpreset\` F16 quantized to ${ktypes:-(none)}"
     echo "- bench: \`barata bench ${bench_dev[*]} ${threads[*]} $bench_args\` (device $device)"
     echo
     echo "### Step times"
@@ -432,6 +518,10 @@ benchmark() {
     echo "|---|---:|---|"
     printf '%s' "$STEP_ROWS"
     echo "| benchmark step, all | $(secs_since "$t_start") | |"
+    echo
+    echo "### Per type (medians; the sections below have mean ± sd)"
+    echo
+    printf '%s' "$table"
     echo
     echo "### $dev_name against the CPU: greedy ids"
     echo
