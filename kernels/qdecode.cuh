@@ -184,12 +184,25 @@ BARATA_HD __forceinline__ void nibbles4(const unsigned char* qs, int e, int q[4]
   for (int j = 0; j < 4; ++j) q[j] = static_cast<int>((w >> (8 * j)) & 15u);
 }
 
+// Four int8 codes in one word, element j in byte j (what __dp4a takes).
+BARATA_HD __forceinline__ uint32_t pack4(const int q[4]) {
+  return (static_cast<uint32_t>(q[0]) & 0xffu) | ((static_cast<uint32_t>(q[1]) & 0xffu) << 8) |
+         ((static_cast<uint32_t>(q[2]) & 0xffu) << 16) | (static_cast<uint32_t>(q[3]) << 24);
+}
+
+// The 8-bit-activation form (kQ8 types): decode4_q8(row, k, e, lut, q, scale,
+// off) gives elements e..e+3 as w_j = scale * q_j + off with q_j the signed
+// int8 in byte j of q, scale and off constant over the four (and over the
+// 32-element activation block, or the 16-weight group of Q6_K). The same
+// split as the CPU's q8 kernels (src/cpu/dot_kquants.cpp, dot.cpp), so that
+// scale * d_x * dot(q, x_q) + off * d_x * sum(x_q) is their arithmetic.
 template <DType T>
 struct QFmt;
 
 template <>
 struct QFmt<DType::F32> {
   static constexpr bool kLut = false;
+  static constexpr bool kQ8 = false;
   BARATA_HD static float lut_entry(int) { return 0.0f; }
   BARATA_HD static void decode4(const unsigned char* row, int64_t k, int64_t e, const float*,
                                 float out[4]) {
@@ -201,6 +214,7 @@ struct QFmt<DType::F32> {
 template <>
 struct QFmt<DType::F16> {
   static constexpr bool kLut = false;
+  static constexpr bool kQ8 = false;
   BARATA_HD static float lut_entry(int) { return 0.0f; }
   BARATA_HD static void decode4(const unsigned char* row, int64_t k, int64_t e, const float*,
                                 float out[4]) {
@@ -212,6 +226,7 @@ struct QFmt<DType::F16> {
 template <>
 struct QFmt<DType::BF16> {
   static constexpr bool kLut = false;
+  static constexpr bool kQ8 = false;
   BARATA_HD static float lut_entry(int) { return 0.0f; }
   BARATA_HD static void decode4(const unsigned char* row, int64_t k, int64_t e, const float*,
                                 float out[4]) {
@@ -223,6 +238,14 @@ struct QFmt<DType::BF16> {
 template <>
 struct QFmt<DType::Q8_0> {
   static constexpr bool kLut = false;
+  static constexpr bool kQ8 = true;
+  BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
+                                   uint32_t& q, float& scale, float& off) {
+    const unsigned char* b = row + (e / 32) * sizeof(BlockQ8_0);
+    scale = f16_at(b);
+    off = 0.0f;
+    q = ld32(b + 2 + (e & 31));
+  }
   BARATA_HD static float lut_entry(int) { return 0.0f; }
   BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float*,
                                 float out[4]) {
@@ -238,7 +261,21 @@ struct QFmt<DType::Q8_0> {
 template <>
 struct QFmt<DType::Q4_0> {
   static constexpr bool kLut = false;
-  BARATA_HD static float lut_entry(int) { return 0.0f; }
+  static constexpr bool kQ8 = true;
+  BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
+                                   uint32_t& q, float& scale, float& off) {
+    const unsigned char* b = row + (e / 32) * sizeof(BlockQ4_0);
+    int c[4];
+    nibbles4(b + 2, static_cast<int>(e & 31), c);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) c[j] -= 8;
+    q = pack4(c);
+    scale = f16_at(b);
+    off = 0.0f;
+  }
+  BARATA_HD static float lut_entry(int) {
+    return 0.0f;
+  }
   BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float*,
                                 float out[4]) {
     const unsigned char* b = row + (e / 32) * sizeof(BlockQ4_0);
@@ -253,6 +290,16 @@ struct QFmt<DType::Q4_0> {
 template <>
 struct QFmt<DType::Q4_1> {
   static constexpr bool kLut = false;
+  static constexpr bool kQ8 = true;
+  BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
+                                   uint32_t& q, float& scale, float& off) {
+    const unsigned char* b = row + (e / 32) * sizeof(BlockQ4_1);
+    int c[4];
+    nibbles4(b + 4, static_cast<int>(e & 31), c);
+    q = pack4(c);
+    scale = f16_at(b);
+    off = f16_at(b + 2);
+  }
   BARATA_HD static float lut_entry(int) { return 0.0f; }
   BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float*,
                                 float out[4]) {
@@ -269,7 +316,23 @@ struct QFmt<DType::Q4_1> {
 template <>
 struct QFmt<DType::Q5_0> {
   static constexpr bool kLut = false;
-  BARATA_HD static float lut_entry(int) { return 0.0f; }
+  static constexpr bool kQ8 = true;
+  BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
+                                   uint32_t& q, float& scale, float& off) {
+    const unsigned char* b = row + (e / 32) * sizeof(BlockQ5_0);
+    const int i = static_cast<int>(e & 31);
+    const uint32_t qh = ld32(b + 2);
+    int c[4];
+    nibbles4(b + 6, i, c);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) c[j] = (c[j] | static_cast<int>(((qh >> (i + j)) & 1u) << 4)) - 16;
+    q = pack4(c);
+    scale = f16_at(b);
+    off = 0.0f;
+  }
+  BARATA_HD static float lut_entry(int) {
+    return 0.0f;
+  }
   BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float*,
                                 float out[4]) {
     const unsigned char* b = row + (e / 32) * sizeof(BlockQ5_0);
@@ -288,7 +351,23 @@ struct QFmt<DType::Q5_0> {
 template <>
 struct QFmt<DType::Q5_1> {
   static constexpr bool kLut = false;
-  BARATA_HD static float lut_entry(int) { return 0.0f; }
+  static constexpr bool kQ8 = true;
+  BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
+                                   uint32_t& q, float& scale, float& off) {
+    const unsigned char* b = row + (e / 32) * sizeof(BlockQ5_1);
+    const int i = static_cast<int>(e & 31);
+    const uint32_t qh = ld32(b + 4);
+    int c[4];
+    nibbles4(b + 8, i, c);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) c[j] |= static_cast<int>(((qh >> (i + j)) & 1u) << 4);
+    q = pack4(c);
+    scale = f16_at(b);
+    off = f16_at(b + 2);
+  }
+  BARATA_HD static float lut_entry(int) {
+    return 0.0f;
+  }
   BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float*,
                                 float out[4]) {
     const unsigned char* b = row + (e / 32) * sizeof(BlockQ5_1);
@@ -307,7 +386,22 @@ struct QFmt<DType::Q5_1> {
 template <>
 struct QFmt<DType::IQ4_NL> {
   static constexpr bool kLut = true;
-  BARATA_HD static float lut_entry(int i) { return iq4nl_entry(i); }
+  static constexpr bool kQ8 = true;
+  // The code book's entries are integers (-127..113): exact as int8.
+  BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float* lut,
+                                   uint32_t& q, float& scale, float& off) {
+    const unsigned char* b = row + (e / 32) * sizeof(BlockIQ4_NL);
+    int c[4];
+    nibbles4(b + 2, static_cast<int>(e & 31), c);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) c[j] = static_cast<int>(lut[c[j]]);
+    q = pack4(c);
+    scale = f16_at(b);
+    off = 0.0f;
+  }
+  BARATA_HD static float lut_entry(int i) {
+    return iq4nl_entry(i);
+  }
   BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float* lut,
                                 float out[4]) {
     const unsigned char* b = row + (e / 32) * sizeof(BlockIQ4_NL);
@@ -335,10 +429,33 @@ BARATA_HD __forceinline__ void k4_scale_min(const unsigned char* sc, int s, int&
 template <DType T>
 struct QFmtK45 {
   static constexpr bool kLut = false;
+  static constexpr bool kQ8 = true;
+  // d * sc and dmin * m are exact in fp32 (an fp16 times a 6-bit integer).
+  BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
+                                   uint32_t& q, float& scale, float& off) {
+    const unsigned char* b = row + (e / kQK_K) * kBytes;
+    const int i = static_cast<int>(e % kQK_K), s = i / 32, l = i % 32;
+    int sc, mn;
+    k4_scale_min(b + 4, s, sc, mn);
+    scale = mul(f16_at(b), static_cast<float>(sc));
+    off = -mul(f16_at(b + 2), static_cast<float>(mn));
+    const uint32_t w = ld32(b + kQs + 32 * (s / 2) + l) >> (4 * (s % 2));
+    uint32_t h = 0;
+    if constexpr (k5) h = ld32(b + 16 + l) >> s;
+    int c[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      c[j] = static_cast<int>((w >> (8 * j)) & 15u);
+      if constexpr (k5) c[j] |= static_cast<int>(((h >> (8 * j)) & 1u) << 4);
+    }
+    q = pack4(c);
+  }
   static constexpr bool k5 = T == DType::Q5_K;
   static constexpr size_t kBytes = k5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
   static constexpr int kQs = k5 ? 16 + 32 : 16;  // offset of qs in the block
-  BARATA_HD static float lut_entry(int) { return 0.0f; }
+  BARATA_HD static float lut_entry(int) {
+    return 0.0f;
+  }
   BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float*,
                                 float out[4]) {
     const unsigned char* b = row + (e / kQK_K) * kBytes;
@@ -369,7 +486,26 @@ struct QFmt<DType::Q5_K> : QFmtK45<DType::Q5_K> {};
 template <>
 struct QFmt<DType::Q6_K> {
   static constexpr bool kLut = false;
-  BARATA_HD static float lut_entry(int) { return 0.0f; }
+  static constexpr bool kQ8 = true;
+  // d * sc is exact in fp32 (an fp16 times an int8).
+  BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
+                                   uint32_t& q, float& scale, float& off) {
+    const unsigned char* b = row + (e / kQK_K) * sizeof(BlockQ6_K);
+    const int i = static_cast<int>(e % kQK_K), h = i / 128, r = i % 128;
+    const uint32_t lo = ld32(b + 64 * h + r % 64) >> (4 * (r / 64));
+    const uint32_t hi = ld32(b + 128 + 32 * h + r % 32) >> (2 * (r / 32));
+    const int sc = static_cast<int8_t>(ld8(b + 192 + i / 16));
+    int c[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      c[j] = static_cast<int>(((lo >> (8 * j)) & 15u) | (((hi >> (8 * j)) & 3u) << 4)) - 32;
+    q = pack4(c);
+    scale = mul(f16_at(b + 208), static_cast<float>(sc));
+    off = 0.0f;
+  }
+  BARATA_HD static float lut_entry(int) {
+    return 0.0f;
+  }
   BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float*,
                                 float out[4]) {
     const unsigned char* b = row + (e / kQK_K) * sizeof(BlockQ6_K);
@@ -390,6 +526,15 @@ struct QFmt<DType::Q6_K> {
 template <bool kRowScale>
 struct QFmtI8 {
   static constexpr bool kLut = false;
+  static constexpr bool kQ8 = true;
+  // Rows of whole 32-element blocks only (the activations' block).
+  BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
+                                   uint32_t& q, float& scale, float& off) {
+    const unsigned char* c = row + (kRowScale ? 4 : 0);
+    q = ld32(c + e);
+    scale = kRowScale ? f32_at(row) : 1.0f;
+    off = 0.0f;
+  }
   BARATA_HD static float lut_entry(int) { return 0.0f; }
   BARATA_HD static void decode4(const unsigned char* row, int64_t k, int64_t e, const float*,
                                 float out[4]) {
@@ -421,7 +566,22 @@ BARATA_HD __forceinline__ int i4_code(const unsigned char* qs, int64_t k, int64_
 template <bool kRowScale>
 struct QFmtI4 {
   static constexpr bool kLut = false;
-  BARATA_HD static float lut_entry(int) { return 0.0f; }
+  static constexpr bool kQ8 = true;
+  // Rows of whole 32-element chunks only (the activations' block).
+  BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
+                                   uint32_t& q, float& scale, float& off) {
+    const unsigned char* qs = row + (kRowScale ? 4 : 0);
+    int c[4];
+    nibbles4(qs + (e & ~int64_t{31}) / 2, static_cast<int>(e & 31), c);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) c[j] -= 8;
+    q = pack4(c);
+    scale = kRowScale ? f32_at(row) : 1.0f;
+    off = 0.0f;
+  }
+  BARATA_HD static float lut_entry(int) {
+    return 0.0f;
+  }
   BARATA_HD static void decode4(const unsigned char* row, int64_t k, int64_t e, const float*,
                                 float out[4]) {
     const unsigned char* qs = row + (kRowScale ? 4 : 0);
@@ -450,7 +610,21 @@ struct QFmt<DType::I4_TENSOR> : QFmtI4<false> {};
 template <>
 struct QFmt<DType::I4_G128> {
   static constexpr bool kLut = false;
-  BARATA_HD static float lut_entry(int) { return 0.0f; }
+  static constexpr bool kQ8 = true;
+  BARATA_HD static void decode4_q8(const unsigned char* row, int64_t k, int64_t e, const float*,
+                                   uint32_t& q, float& scale, float& off) {
+    const int64_t groups = (k + kQKG128 - 1) / kQKG128;
+    int c[4];
+    nibbles4(row + 2 * groups + (e & ~int64_t{31}) / 2, static_cast<int>(e & 31), c);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) c[j] -= 8;
+    q = pack4(c);
+    scale = f16_at(row + 2 * (e / kQKG128));
+    off = 0.0f;
+  }
+  BARATA_HD static float lut_entry(int) {
+    return 0.0f;
+  }
   BARATA_HD static void decode4(const unsigned char* row, int64_t k, int64_t e, const float*,
                                 float out[4]) {
     const int64_t groups = (k + kQKG128 - 1) / kQKG128;
@@ -465,6 +639,7 @@ struct QFmt<DType::I4_G128> {
 template <>
 struct QFmt<DType::NF4_B64> {
   static constexpr bool kLut = true;
+  static constexpr bool kQ8 = false;
   BARATA_HD static float lut_entry(int i) { return nf4_entry(i); }
   BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float* lut,
                                 float out[4]) {

@@ -29,6 +29,24 @@ std::string qmm_variant(DType type, int64_t n_tok);
 void launch_qmm(DType type, const void* w, size_t row_bytes, int64_t k, int64_t n_rows, float scale,
                 const float* x, int64_t n_tok, float* y, int64_t ldy, cudaStream_t stream);
 
+// The 8-bit-activation form: every type but the floats and NF4 (whose code
+// book is not integers), for rows of whole 32-element blocks.
+bool qmm_q8_supported(DType type);
+std::string qmm_q8_variant(DType type, int64_t n_tok);
+
+// n_tok rows of k (multiple of 32) floats to int8 xq (n_tok * k bytes, 4-byte
+// aligned) and one fp32 scale per 32 (xd, n_tok * k / 32): the bits of the
+// CPU's quantize_row_q8_act (src/cpu/matmul.cpp).
+void launch_quantize_q8(const float* x, int64_t n_tok, int64_t k, void* xq, float* xd,
+                        cudaStream_t stream);
+
+// As launch_qmm on activations quantized by launch_quantize_q8: per 32-element
+// block the exact integer dot of the weights' int8 codes with the
+// activations' (__dp4a), times the weight's and the activation's scales.
+void launch_qmm_q8(DType type, const void* w, size_t row_bytes, int64_t k, int64_t n_rows,
+                   float scale, const void* xq, const float* xd, int64_t n_tok, float* y,
+                   int64_t ldy, cudaStream_t stream);
+
 // n_rows rows of W to fp16, row-major with k halves per row (dst 2-byte
 // aligned): each value the reference dequantization (unit scale for kTensor
 // types) rounded once to nearest even, bit-equal to fp32_to_fp16 of the CPU's.

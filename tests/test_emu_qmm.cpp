@@ -21,6 +21,7 @@
 #include "barata/error.h"
 #include "barata/half.h"
 #include "barata/quant_blocks.h"
+#include "cpu/matmul.h"
 #include "embed.cuh"
 #include "qdecode.cuh"
 #include "qmm.cuh"
@@ -105,6 +106,37 @@ float lut_any(DType t, int i) {
   return NAN;
 }
 
+// The 8-bit-activation form of each type that has one, dispatched.
+template <DType T>
+bool q8_one(const uint8_t* row, int64_t k, int64_t e, const float* lut, uint32_t& q, float& scale,
+            float& off) {
+  if constexpr (cuda::qdec::QFmt<T>::kQ8) {
+    cuda::qdec::QFmt<T>::decode4_q8(row, k, e, lut, q, scale, off);
+    return true;
+  }
+  return false;
+}
+bool q8_any(DType t, const uint8_t* row, int64_t k, int64_t e, const float* lut, uint32_t& q,
+            float& scale, float& off) {
+  switch (t) {
+#define C(T)     \
+  case DType::T: \
+    return q8_one<DType::T>(row, k, e, lut, q, scale, off);
+    BARATA_QFMT_TYPES(C)
+#undef C
+  }
+  return false;
+}
+
+// The q8 form's rows: whole 32-element blocks (a short int4-g128 group kept).
+std::vector<TypeShape> q8_types() {
+  return {{DType::Q8_0, 96},      {DType::Q4_0, 160},   {DType::Q4_1, 64},
+          {DType::Q5_0, 224},     {DType::Q5_1, 96},    {DType::Q4_K, 512},
+          {DType::Q5_K, 256},     {DType::Q6_K, 768},   {DType::IQ4_NL, 160},
+          {DType::I8_TENSOR, 64}, {DType::I8_ROW, 96},  {DType::I4_TENSOR, 128},
+          {DType::I4_ROW, 96},    {DType::I4_G128, 416}};
+}
+
 TEST(QDecode, CodeBooksEqualTheTables) {
   for (int i = 0; i < 16; ++i) {
     EXPECT_EQ(bits(cuda::qdec::nf4_entry(i)), bits(kNF4Values[i])) << i;
@@ -151,6 +183,53 @@ TEST(QDecode, EveryTypeBitExactAgainstTheReference) {
       }
     }
   }
+}
+
+// Every element of the q8 form, scale * q + off (the mul, then the add unless
+// off is 0), equals the float form's, bit for bit: the same split of the
+// same numbers, on quantized rows and on random bytes. NF4 and the floats
+// have no q8 form.
+TEST(QDecode, Q8FormEqualsTheFloatForm) {
+  for (const TypeShape& ts : q8_types()) {
+    SCOPED_TRACE(dtype_name(ts.type));
+    for (int src_kind = 0; src_kind < 2; ++src_kind) {
+      Matrix m = make_matrix(ts.type, ts.k, 3, 21 + static_cast<uint32_t>(ts.type));
+      std::mt19937 rng(9);
+      if (src_kind == 1) {
+        const size_t hdr = dtype_traits(ts.type).tensor_header;
+        for (size_t i = hdr; i < m.packed.size(); ++i) m.packed[i] = static_cast<uint8_t>(rng());
+      }
+      float lut[16];
+      for (int i = 0; i < 16; ++i) lut[i] = lut_any(ts.type, i);
+      int bad = 0;
+      for (int64_t r = 0; r < m.n; ++r) {
+        const uint8_t* row = m.rows() + r * m.row_bytes();
+        for (int64_t e = 0; e < m.k; e += 4) {
+          uint32_t q = 0;
+          float scale = 0, off = 0;
+          ASSERT_TRUE(q8_any(ts.type, row, m.k, e, lut, q, scale, off));
+          for (int j = 0; j < 4; ++j) {
+            const float qj = static_cast<float>(static_cast<int8_t>(q >> (8 * j)));
+            float got = scale * qj;
+            if (off != 0.0f) got = got + off;
+            const float want = decode_any(ts.type, row, m.k, e + j, lut);
+            if (!same_float(got, want) && bad++ < 5)
+              ADD_FAILURE() << "src " << src_kind << " row " << r << " el " << e + j << ": got "
+                            << got << " want " << want;
+          }
+        }
+      }
+      EXPECT_EQ(bad, 0);
+    }
+  }
+  uint32_t q;
+  float a, b;
+  const uint8_t row[64] = {};
+  EXPECT_FALSE(q8_any(DType::NF4_B64, row, 64, 0, nullptr, q, a, b));
+  EXPECT_FALSE(q8_any(DType::F16, row, 32, 0, nullptr, q, a, b));
+  EXPECT_FALSE(cuda::qmm_q8_supported(DType::NF4_B64));
+  EXPECT_FALSE(cuda::qmm_q8_supported(DType::BF16));
+  for (const TypeShape& ts : q8_types()) EXPECT_TRUE(cuda::qmm_q8_supported(ts.type));
 }
 
 // ---- the kernels under the emulation -------------------------------------------------
@@ -232,6 +311,114 @@ TEST(EmuQmm, RefusesBadShapes) {
       Error);
   EXPECT_EQ(cuda::qmm_variant(DType::Q4_K, 3), "qmm<Q4_K, 4 rows x 4 tokens>");
   EXPECT_EQ(cuda::qmm_variant(DType::NF4_B64, 33), "qmm<NF4_B64, 1 rows x 64 tokens>");
+}
+
+// The activation quantizer: the bits of the CPU's quantize_row_q8_act, on
+// normal values, an all-zero block, a block with a NaN and one with an Inf.
+TEST(EmuQmm, QuantizeQ8MatchesTheCpu) {
+  const int64_t k = 256, n_tok = 3;
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> x(static_cast<size_t>(n_tok * k));
+  for (auto& v : x) v = normal(rng);
+  for (int j = 0; j < 32; ++j) x[32 + j] = 0.0f;
+  x[100] = NAN;
+  x[300] = INFINITY;
+  x[301] = -1e-30f;
+  std::vector<int8_t> xq(x.size());
+  std::vector<float> xd(x.size() / 32);
+  cuda::launch_quantize_q8(x.data(), n_tok, k, xq.data(), xd.data(), nullptr);
+  std::vector<BlockQ8Act> want(x.size() / 32);
+  for (int64_t t = 0; t < n_tok; ++t)
+    quantize_row_q8_act(x.data() + t * k, want.data() + t * k / 32, k);
+  for (size_t b = 0; b < want.size(); ++b) {
+    EXPECT_EQ(bits(xd[b]), bits(want[b].d)) << "block " << b;
+    for (int j = 0; j < 32; ++j)
+      ASSERT_EQ(xq[b * 32 + j], want[b].q[j]) << "block " << b << " el " << j;
+  }
+  EXPECT_THROW(cuda::launch_quantize_q8(x.data(), 1, 48, xq.data(), xd.data(), nullptr), Error);
+}
+
+// qmm_q8: against float64 of the exact weights times the CPU's quantized
+// activations (d * q), so only fp32 rounding remains: per 4 weights one
+// rounded scale product and one FMA (two with an offset), then the reduction.
+void check_qmm_q8(const Matrix& m, int64_t n_tok) {
+  SCOPED_TRACE(std::string(dtype_name(m.type)) + " k=" + std::to_string(m.k) +
+               " rows=" + std::to_string(m.n) + " n_tok=" + std::to_string(n_tok));
+  std::mt19937 rng(static_cast<uint32_t>(n_tok * 17 + m.k));
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n_tok * m.k));
+  for (auto& v : x) v = uniform(rng);
+  std::vector<int8_t> xq(x.size());
+  std::vector<float> xd(x.size() / 32);
+  cuda::launch_quantize_q8(x.data(), n_tok, m.k, xq.data(), xd.data(), nullptr);
+  const int64_t ldy = m.n + 1;
+  const float kSentinel = -12345.0f;
+  std::vector<float> y(static_cast<size_t>(n_tok * ldy), kSentinel);
+  cuda::launch_qmm_q8(m.type, m.rows(), m.row_bytes(), m.k, m.n, m.scale(), xq.data(), xd.data(),
+                      n_tok, y.data(), ldy, nullptr);
+  float lut[16];
+  for (int i = 0; i < 16; ++i) lut[i] = lut_any(m.type, i);
+  const double u = std::ldexp(1.0, -24);
+  const double bound_terms = 2.0 * (6.0 * std::ceil(m.k / 512.0) + 10.0);
+  int bad = 0;
+  for (int64_t t = 0; t < n_tok; ++t) {
+    for (int64_t r = 0; r < ldy; ++r) {
+      const float got = y[static_cast<size_t>(t * ldy + r)];
+      if (r >= m.n) {
+        EXPECT_EQ(got, kSentinel) << "wrote past the rows at t=" << t;
+        continue;
+      }
+      const uint8_t* row = m.rows() + r * m.row_bytes();
+      double dot = 0, mag = 0;
+      for (int64_t e = 0; e < m.k; e += 4) {
+        uint32_t q;
+        float sc, off;
+        q8_any(m.type, row, m.k, e, lut, q, sc, off);
+        for (int j = 0; j < 4; ++j) {
+          const size_t i = static_cast<size_t>(t * m.k + e + j);
+          const double xv = static_cast<double>(xd[i / 32]) * xq[i];
+          const double qv = static_cast<int8_t>(q >> (8 * j));
+          dot += (static_cast<double>(sc) * qv + off) * xv;
+          mag += (std::fabs(static_cast<double>(sc) * qv) + std::fabs(off)) * std::fabs(xv);
+        }
+      }
+      dot *= m.scale();
+      mag *= std::fabs(m.scale());
+      const double tol = bound_terms * u * mag + 1e-30;
+      if (!(std::fabs(got - dot) <= tol) && bad++ < 5)
+        ADD_FAILURE() << "row " << r << " token " << t << ": got " << got << " want " << dot
+                      << " (tolerance " << tol << ")";
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(EmuQmm, Q8EveryTypeEveryWidth) {
+  const bool asan = test::sanitized();
+  for (const TypeShape& ts : q8_types()) {
+    const Matrix m = make_matrix(ts.type, ts.k, 7, 300 + static_cast<uint32_t>(ts.type));
+    for (int64_t n_tok : {1, 3, 8, 27, 64}) {
+      if (asan && n_tok != 3 && n_tok != 64) continue;
+      check_qmm_q8(m, n_tok);
+    }
+  }
+  const Matrix m = make_matrix(DType::Q4_K, 2304, 5, 8);  // several 512-element steps
+  check_qmm_q8(m, 2);
+}
+
+TEST(EmuQmm, Q8RefusesWhatItCannotRead) {
+  const Matrix nf4 = make_matrix(DType::NF4_B64, 64, 2, 1);
+  const Matrix i8 = make_matrix(DType::I8_ROW, 48, 2, 1);
+  std::vector<int32_t> xq(64);
+  std::vector<float> xd(8), y(8);
+  EXPECT_THROW(cuda::launch_qmm_q8(DType::NF4_B64, nf4.rows(), nf4.row_bytes(), 64, 2, 1.0f,
+                                   xq.data(), xd.data(), 1, y.data(), 2, nullptr),
+               Error);
+  EXPECT_THROW(cuda::launch_qmm_q8(DType::I8_ROW, i8.rows(), i8.row_bytes(), 48, 2, 1.0f, xq.data(),
+                                   xd.data(), 1, y.data(), 2, nullptr),
+               Error);
+  EXPECT_EQ(cuda::qmm_q8_variant(DType::Q6_K, 9), "qmm_q8<Q6_K, 4 rows x 16 tokens>");
 }
 
 // fp16 rows for cuBLAS: fp32_to_fp16 of the reference, bit for bit (unit

@@ -32,6 +32,10 @@ struct BackendOptions {
   // weights, 0..64 (0: always dequant + cuBLAS); -1: BARATA_CUDA_QMM_MAX or
   // the default (docs/cuda.md, "Kernel choice").
   int cuda_skinny_max = -1;
+  // CUDA: the skinny kernels quantize the activations to 8 bits (as the CPU's
+  // kernels do) for every weight type whose arithmetic allows it: 1 yes, 0 no
+  // (fp32 activations), -1 BARATA_CUDA_Q8_ACT (default yes).
+  int cuda_q8_activations = -1;
 };
 
 // The activation buffers of the forward pass.

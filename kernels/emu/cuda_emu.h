@@ -321,6 +321,13 @@ inline float __uint_as_float(unsigned u) {
 inline unsigned __float_as_uint(float f) {
   return barata_emu::detail::f2u(f);
 }
+// Four signed byte products summed into c (sm_61+'s dp4a).
+inline int __dp4a(int a, int b, int c) {
+  for (int j = 0; j < 4; ++j)
+    c += static_cast<int>(static_cast<int8_t>(static_cast<uint32_t>(a) >> (8 * j))) *
+         static_cast<int>(static_cast<int8_t>(static_cast<uint32_t>(b) >> (8 * j)));
+  return c;
+}
 inline int __popc(unsigned x) {
   return __builtin_popcount(x);
 }

@@ -247,6 +247,8 @@ class CudaBackend final : public Backend {
     if (opts.cuda_skinny_max > kQmmMaxTokens)
       fail("CUDA: a skinny-kernel width of {} (0..{})", opts.cuda_skinny_max, kQmmMaxTokens);
     qmm_max_ = opts.cuda_skinny_max >= 0 ? opts.cuda_skinny_max : qmm_max_from_env();
+    q8_act_ = opts.cuda_q8_activations >= 0 ? opts.cuda_q8_activations != 0
+                                            : env_on("BARATA_CUDA_Q8_ACT", true);
   }
 
   ~CudaBackend() override {
@@ -370,6 +372,7 @@ class CudaBackend final : public Backend {
     r.peak_bytes = arena_.peak();
     r.notes = notes_;
     if (!graphs_on_) r.notes.push_back("CUDA graphs off (BARATA_CUDA_GRAPHS=0)");
+    if (!q8_act_) r.notes.push_back("skinny matmuls on fp32 activations (BARATA_CUDA_Q8_ACT=0)");
     for (const auto& [key, kernel] : kernels_)
       r.kernels.push_back({dtype_name(key.first), key.second, kernel});
     return r;
@@ -446,6 +449,7 @@ class CudaBackend final : public Backend {
   DeviceArena arena_;
   bool graphs_on_ = true, sync_each_op_ = false;
   int64_t qmm_max_ = kDefaultQmmMax;
+  bool q8_act_ = true;  // the skinny kernels on 8-bit activations where the type allows
   // The kernel each (weight type, batch width) ran, for bench -v and its JSON.
   std::map<std::pair<DType, int64_t>, std::string> kernels_;
 
@@ -468,6 +472,10 @@ class CudaBackend final : public Backend {
   bool decode_shape_ = false;
   Grow acts_[static_cast<size_t>(Act::kCount)];
   Grow act_f16_, tile_f16_, workspace_, logits_, meta_, xn_out_;
+  // 8-bit activations of up to kQmmMaxTokens rows: the int8 values, then
+  // (at q8_scales_at_) one fp32 scale per 32.
+  Grow act_q8_;
+  int64_t q8_scales_at_ = 0;
   int64_t acts_rows_ = 0;
   int64_t off_tokens_ = 0, off_rows_ = 0, off_tiles_ = 0, off_logit_rows_ = 0, off_tables_ = 0;
   void* pinned_ = nullptr;
@@ -637,7 +645,11 @@ void CudaBackend::ensure_rows(int64_t n) {
       {Act::kOut, c.d_model}};
   for (const auto& [a, w] : widths)
     acts_[static_cast<size_t>(a)].ensure(arena_, rows * w * 4, "activations");
-  act_f16_.ensure(arena_, rows * std::max({c.d_model, c.d_ff, q_dim}) * 2, "fp16 activations");
+  const int64_t max_k = std::max({c.d_model, c.d_ff, q_dim});
+  act_f16_.ensure(arena_, rows * max_k * 2, "fp16 activations");
+  const int64_t q8_rows = std::min(rows, kQmmMaxTokens);
+  q8_scales_at_ = (q8_rows * max_k + 255) / 256 * 256;
+  act_q8_.ensure(arena_, q8_scales_at_ + q8_rows * (max_k / 32 + 1) * 4, "8-bit activations");
   workspace_.ensure(arena_,
                     static_cast<int64_t>(attention_decode_workspace(rows, attn_, split_)) * 4,
                     "the attention workspace");
@@ -737,6 +749,16 @@ void CudaBackend::run_matmul(const DevWeight& w, const float* x, int64_t n, floa
     log_kernel([&] { return std::string("gemv<") + dtype_name(w.type) + ">"; });
     launch_gemv(w.type, w.data, w.row_bytes, w.k, w.n_rows, w.scale, x, n, y, ldy, stream_);
     after("gemv");
+    return;
+  }
+  if (path == MatmulPath::kQmm && q8_act_ && w.k % 32 == 0 && qmm_q8_supported(w.type)) {
+    log_kernel([&] { return qmm_q8_variant(w.type, n); });
+    auto* xq = act_q8_.as<unsigned char>();
+    auto* xd = reinterpret_cast<float*>(xq + q8_scales_at_);
+    launch_quantize_q8(x, n, w.k, xq, xd, stream_);
+    after("quantize q8");
+    launch_qmm_q8(w.type, w.data, w.row_bytes, w.k, w.n_rows, w.scale, xq, xd, n, y, ldy, stream_);
+    after("qmm q8");
     return;
   }
   if (path == MatmulPath::kQmm) {
