@@ -30,7 +30,8 @@
 # roofline; SVG charts with --plot), greedy `barata run` on CUDA and on the CPU
 # are compared, and the crossover step runs the batch sweep of a few types
 # twice, skinny kernels up to width 64 (BARATA_CUDA_QMM_MAX=64) against
-# dequant + cuBLAS at every width (=0), to measure where cuBLAS starts to win.
+# dequant + cuBLAS at every width (=0), to measure where cuBLAS starts to win,
+# and a third time on fp32 activations (BARATA_CUDA_Q8_ACT=0) against 8-bit.
 # Everything lands in $OUT (or the logs folder), the summary in
 # cuda-results.md. Environment:
 #   BARATA_BENCH_DEVICE  cuda (default) or cpu (a dry run of the pipeline)
@@ -67,7 +68,7 @@ while [ $# -gt 0 ]; do
     --no-bench) NO_BENCH=1 ;;
     --no-build) NO_BUILD=1 ;;
     --) shift; EXTRA_CMAKE=("$@"); break ;;
-    -h | --help) sed -n '2,50p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,51p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -422,8 +423,8 @@ benchmark() {
     local ct n_ct=0 cross_start
     cross_start="$(now)"
     for ct in $cross_types; do n_ct=$((n_ct + 1)); done
-    crossover="| type | B | skinny tokens/s | cuBLAS tokens/s | cuBLAS / skinny |"$'\n'
-    crossover+="|---|---:|---:|---:|---:|"$'\n'
+    crossover="| type | B | skinny tokens/s | cuBLAS tokens/s | cuBLAS / skinny | skinny, fp32 activations | 8-bit / fp32 activations |"$'\n'
+    crossover+="|---|---:|---:|---:|---:|---:|---:|"$'\n'
     local found=""
     for ct in $cross_types; do
       local cname f="" i
@@ -433,10 +434,19 @@ benchmark() {
         crossover+="| $cname | - | not measured: no such file among the benchmark's types | | |"$'\n'
         continue
       fi
-      local per=$((cross_budget / (2 * n_ct))) mx
+      local per=$((cross_budget / (3 * n_ct))) mx
       if [ "$per" -lt 8 ]; then per=8; fi
-      for mx in 64 0; do
-        BARATA_CUDA_QMM_MAX=$mx timed "crossover $cname BARATA_CUDA_QMM_MAX=$mx" \
+      # 64: skinny kernels at every width (8-bit activations where the type
+      # has them); 0: cuBLAS at every width; 64f: skinny on fp32 activations.
+      local third=/dev/null
+      for mx in 64 0 64f; do
+        local q8=1
+        if [ "$mx" = 64f ]; then
+          [ "$ct" != nf4 ] || continue  # NF4 has no 8-bit form
+          q8=0 third="$LOGS/crossover-$cname-64f.csv"
+        fi
+        BARATA_CUDA_QMM_MAX=${mx%f} BARATA_CUDA_Q8_ACT=$q8 \
+          timed "crossover $cname BARATA_CUDA_QMM_MAX=${mx%f} BARATA_CUDA_Q8_ACT=$q8" \
           "$LOGS/crossover-$cname-$mx.csv" "$LOGS/crossover-$cname-$mx.log" \
           timeout --foreground -s INT -k 10 "$per" "$bin" bench -m "$f" "${bench_dev[@]}" \
           "${threads[@]}" --tests batch -b 1,2,4,8,12,16,24,32,48,64 -r 3 --csv || rc=1
@@ -452,16 +462,18 @@ benchmark() {
           for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++)
             if (list[j] < list[i]) { t = list[i]; list[i] = list[j]; list[j] = t }
           for (i = 1; i <= n; i++) {
-            b = list[i]; q = v[1, b]; c = v[2, b]
-            printf "%d %s %s %s\n", b, (q == "" ? "-" : sprintf("%.0f", q)),
+            b = list[i]; q = v[1, b]; c = v[2, b]; f = v[3, b]
+            printf "%d %s %s %s %s %s\n", b, (q == "" ? "-" : sprintf("%.0f", q)),
               (c == "" ? "-" : sprintf("%.0f", c)),
-              (q == "" || c == "" || q == 0 ? "-" : sprintf("%.2f", c / q))
+              (q == "" || c == "" || q == 0 ? "-" : sprintf("%.2f", c / q)),
+              (f == "" ? "-" : sprintf("%.0f", f)),
+              (q == "" || f == "" || f == 0 ? "-" : sprintf("%.2f", q / f))
           }
-        }' "$LOGS/crossover-$cname-64.csv" "$LOGS/crossover-$cname-0.csv")"
-      local first="" b q c r
-      while read -r b q c r; do
+        }' "$LOGS/crossover-$cname-64.csv" "$LOGS/crossover-$cname-0.csv" "$third")"
+      local first="" b q c r fq fr
+      while read -r b q c r fq fr; do
         [ -n "$b" ] || continue
-        crossover+="| $cname | $b | $q | $c | $r |"$'\n'
+        crossover+="| $cname | $b | $q | $c | $r | $fq | $fr |"$'\n'
         if [ -z "$first" ] && [ "$r" != - ] && awk -v r="$r" 'BEGIN { exit !(r >= 1) }'; then
           first="$b"
         fi
