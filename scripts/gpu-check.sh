@@ -45,9 +45,9 @@
 #                        with Q6_K attn_v, ffn_down and output; "" skips them)
 #   BARATA_BENCH_ARGS    bench flags (default "--tests prefill,decode,batch,roofline -p 512,2048
 #                        -c 64,1024 -b 1,2,4,8,16,32,64 -r 3 -v")
-#   BARATA_BENCH_BUDGET  seconds for the whole benchmark step (default 360)
+#   BARATA_BENCH_BUDGET  seconds for the whole benchmark step (default 390)
 #   BARATA_CROSSOVER_TYPES  types of the crossover step (default "q4_k q8_0 nf4"; "" skips it)
-#   BARATA_CROSSOVER_BUDGET seconds of the budget kept for it (default 70)
+#   BARATA_CROSSOVER_BUDGET seconds of the budget kept for it (default 90)
 #   BARATA_BENCH_TMP     folder for the model files (default: a new one in /tmp)
 set -euo pipefail
 
@@ -278,10 +278,10 @@ benchmark() {
   local types="${BARATA_BENCH_TYPES:-q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl int8-tensor int8-row int4-tensor int4-row int4-g128 nf4}"
   local ktypes="${BARATA_BENCH_KTYPES-q4_k q4_k_m q5_k q6_k}"
   local kpreset="${BARATA_BENCH_KPRESET:-llama-0.5b}"
-  local budget="${BARATA_BENCH_BUDGET:-360}"
+  local budget="${BARATA_BENCH_BUDGET:-390}"
   local bench_args="${BARATA_BENCH_ARGS:---tests prefill,decode,batch,roofline -p 512,2048 -c 64,1024 -b 1,2,4,8,16,32,64 -r 3 -v}"
   local cross_types="${BARATA_CROSSOVER_TYPES-q4_k q8_0 nf4}"
-  local cross_budget="${BARATA_CROSSOVER_BUDGET:-70}"
+  local cross_budget="${BARATA_CROSSOVER_BUDGET:-90}"
   if [ -z "$cross_types" ]; then cross_budget=0; fi
   local bin="$BUILD/barata" synth="$BUILD/barata_synth" results="$LOGS/cuda-results.md"
   local t_start
