@@ -409,8 +409,9 @@ const Shape kShapes[] = {
 // qmm; BARATA_CUDA_QMM_MAX=64) and dequant + cuBLAS (0), at batch widths 1, 3,
 // 8 and 64, on odd row counts (77 vocabulary rows, d_ff 192 or 256) with k at
 // the type's block multiples (a short int4-g128 group included), against the
-// float64 product of the exactly dequantized weights. Also checks the kernel
-// each (type, width) reports having run.
+// float64 product of the exactly dequantized weights and against the CPU
+// backend's matmul on the same inputs. Also checks the kernel each (type,
+// width) reports having run.
 class CudaMatmul : public ::testing::TestWithParam<DType> {};
 
 TEST_P(CudaMatmul, EveryWidthBothPaths) {
@@ -434,6 +435,12 @@ TEST_P(CudaMatmul, EveryWidthBothPaths) {
   const bool gemv_type =
       is_float || type == DType::Q8_0 || type == DType::Q4_0 || type == DType::Q4_1;
   const bool q8_type = !is_float && type != DType::NF4_B64;
+  // The CPU backend quantizes activations to 8 bits for the same types as
+  // qmm_q8 (and by the same bits), so that path equals it up to fp32
+  // summation order.
+  const KvLayout layout{c.n_layer, c.n_head_kv * c.head_dim};
+  auto cpu = test::make_test_backend(DeviceKind::kCpu, 2);
+  cpu->prepare(model, layout, 16, 128);
   for (const auto [skinny, q8] : {std::pair{64, 1}, std::pair{64, 0}, std::pair{0, 0}}) {
     if (skinny > 0 && !q8 && !q8_type) continue;  // the same as q8 on
     // Under the sanitizers (slow): fp32-activation qmm is left to EmuQmm.
@@ -452,7 +459,6 @@ TEST_P(CudaMatmul, EveryWidthBothPaths) {
         GTEST_SKIP() << "CUDA backend unavailable: " << e.what();
       FAIL() << e.what();
     }
-    const KvLayout layout{c.n_layer, c.n_head_kv * c.head_dim};
     KvBlockManager blocks(16);
     be->prepare(model, layout, 16, 128);
     std::mt19937 rng(5);
@@ -476,6 +482,7 @@ TEST_P(CudaMatmul, EveryWidthBothPaths) {
       std::vector<KvBlockManager::Copy> copies;
       plan_batch(batch, blocks, 128, c.n_vocab, &copies);
       be->begin(batch);
+      cpu->begin(batch);
       for (const auto& m : mats) {
         SCOPED_TRACE(m.name);
         std::vector<float> x(static_cast<size_t>(width * m.w.k));
@@ -495,6 +502,13 @@ TEST_P(CudaMatmul, EveryWidthBothPaths) {
         const bool skinny_path = width <= skinny && (!is_float || (gemv_type && width <= 8));
         const bool q8_path = skinny_path && q8 && q8_type && !(gemv_type && width <= 8);
         EXPECT_LE(nmse(y, ref), q8_path ? 1e-4 : skinny_path ? 1e-9 : 2e-6);
+        cpu->to_device(cpu->act(m.in), x.data(), static_cast<int64_t>(x.size()));
+        cpu->matmul(m.w, cpu->act(m.in), cpu->act(m.out));
+        std::vector<float> yc(y.size());
+        cpu->to_host(yc.data(), cpu->act(m.out), static_cast<int64_t>(yc.size()));
+        std::vector<double> ycd(yc.begin(), yc.end());
+        const bool like_cpu = q8_path || (skinny_path && !q8_type);
+        EXPECT_LE(nmse(y, ycd), like_cpu ? 1e-10 : 1e-4) << "against the CPU backend";
       }
       blocks.free_sequence(seq);
       // The kernel this (type, width) ran, as bench -v prints it.
