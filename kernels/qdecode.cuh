@@ -191,7 +191,8 @@ BARATA_HD __forceinline__ uint32_t pack4(const int q[4]) {
 }
 
 // The 8-bit-activation form (kQ8 types): decode4_q8(row, k, e, lut, q, scale,
-// off) gives elements e..e+3 as w_j = scale * q_j + off with q_j the signed
+// off) gives elements e..e+3 as w_j = scale * q_j + off (off = 0 unless kOff)
+// with q_j the signed
 // int8 in byte j of q, scale and off constant over the four (and over the
 // 32-element activation block, or the 16-weight group of Q6_K). The same
 // split as the CPU's q8 kernels (src/cpu/dot_kquants.cpp, dot.cpp), so that
@@ -199,46 +200,55 @@ BARATA_HD __forceinline__ uint32_t pack4(const int q[4]) {
 template <DType T>
 struct QFmt;
 
-template <>
-struct QFmt<DType::F32> {
-  static constexpr bool kLut = false;
-  static constexpr bool kQ8 = false;
+// decode4 of the block types from their 8-bit form: mul(scale, q), then
+// add(., off) for the types with an offset (kOff); x + (-y) is x - y exactly,
+// so this is the reference's arithmetic (tests/test_emu_qmm.cpp checks it bit
+// for bit against src/dtype's dequantizers).
+template <typename D>
+struct FromQ8 {
+  static constexpr bool kLut = false;  // IQ4_NL says otherwise
   BARATA_HD static float lut_entry(int) { return 0.0f; }
-  BARATA_HD static void decode4(const unsigned char* row, int64_t k, int64_t e, const float*,
+  BARATA_HD static void decode4(const unsigned char* row, int64_t k, int64_t e, const float* lut,
                                 float out[4]) {
+    uint32_t q;
+    float scale, off;
+    D::decode4_q8(row, k, e, lut, q, scale, off);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) out[j] = e + j < k ? f32_at(row + 4 * (e + j)) : 0.0f;
+    for (int j = 0; j < 4; ++j) {
+      const float v = mul(scale, static_cast<float>(static_cast<int8_t>((q >> (8 * j)) & 0xffu)));
+      out[j] = D::kOff ? add(v, off) : v;
+    }
   }
 };
 
-template <>
-struct QFmt<DType::F16> {
+// The float types: F32, F16 and BF16 values as they are.
+template <DType T>
+struct QFmtFloat {
   static constexpr bool kLut = false;
   static constexpr bool kQ8 = false;
   BARATA_HD static float lut_entry(int) { return 0.0f; }
+  BARATA_HD static float at(const unsigned char* row, int64_t j) {
+    if constexpr (T == DType::F32) return f32_at(row + 4 * j);
+    if constexpr (T == DType::F16) return f16_at(row + 2 * j);
+    return bf16_at(row + 2 * j);
+  }
   BARATA_HD static void decode4(const unsigned char* row, int64_t k, int64_t e, const float*,
                                 float out[4]) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) out[j] = e + j < k ? f16_at(row + 2 * (e + j)) : 0.0f;
+    for (int j = 0; j < 4; ++j) out[j] = e + j < k ? at(row, e + j) : 0.0f;
   }
 };
+template <>
+struct QFmt<DType::F32> : QFmtFloat<DType::F32> {};
+template <>
+struct QFmt<DType::F16> : QFmtFloat<DType::F16> {};
+template <>
+struct QFmt<DType::BF16> : QFmtFloat<DType::BF16> {};
 
 template <>
-struct QFmt<DType::BF16> {
-  static constexpr bool kLut = false;
-  static constexpr bool kQ8 = false;
-  BARATA_HD static float lut_entry(int) { return 0.0f; }
-  BARATA_HD static void decode4(const unsigned char* row, int64_t k, int64_t e, const float*,
-                                float out[4]) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) out[j] = e + j < k ? bf16_at(row + 2 * (e + j)) : 0.0f;
-  }
-};
-
-template <>
-struct QFmt<DType::Q8_0> {
-  static constexpr bool kLut = false;
+struct QFmt<DType::Q8_0> : FromQ8<QFmt<DType::Q8_0>> {
   static constexpr bool kQ8 = true;
+  static constexpr bool kOff = false;
   BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
                                    uint32_t& q, float& scale, float& off) {
     const unsigned char* b = row + (e / 32) * sizeof(BlockQ8_0);
@@ -246,22 +256,12 @@ struct QFmt<DType::Q8_0> {
     off = 0.0f;
     q = ld32(b + 2 + (e & 31));
   }
-  BARATA_HD static float lut_entry(int) { return 0.0f; }
-  BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float*,
-                                float out[4]) {
-    const unsigned char* b = row + (e / 32) * sizeof(BlockQ8_0);
-    const float d = f16_at(b);
-    const uint32_t w = ld32(b + 2 + (e & 31));
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      out[j] = mul(static_cast<float>(static_cast<int8_t>((w >> (8 * j)) & 0xffu)), d);
-  }
 };
 
 template <>
-struct QFmt<DType::Q4_0> {
-  static constexpr bool kLut = false;
+struct QFmt<DType::Q4_0> : FromQ8<QFmt<DType::Q4_0>> {
   static constexpr bool kQ8 = true;
+  static constexpr bool kOff = false;
   BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
                                    uint32_t& q, float& scale, float& off) {
     const unsigned char* b = row + (e / 32) * sizeof(BlockQ4_0);
@@ -273,24 +273,12 @@ struct QFmt<DType::Q4_0> {
     scale = f16_at(b);
     off = 0.0f;
   }
-  BARATA_HD static float lut_entry(int) {
-    return 0.0f;
-  }
-  BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float*,
-                                float out[4]) {
-    const unsigned char* b = row + (e / 32) * sizeof(BlockQ4_0);
-    const float d = f16_at(b);
-    int q[4];
-    nibbles4(b + 2, static_cast<int>(e & 31), q);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) out[j] = mul(d, static_cast<float>(q[j] - 8));
-  }
 };
 
 template <>
-struct QFmt<DType::Q4_1> {
-  static constexpr bool kLut = false;
+struct QFmt<DType::Q4_1> : FromQ8<QFmt<DType::Q4_1>> {
   static constexpr bool kQ8 = true;
+  static constexpr bool kOff = true;
   BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
                                    uint32_t& q, float& scale, float& off) {
     const unsigned char* b = row + (e / 32) * sizeof(BlockQ4_1);
@@ -300,93 +288,53 @@ struct QFmt<DType::Q4_1> {
     scale = f16_at(b);
     off = f16_at(b + 2);
   }
-  BARATA_HD static float lut_entry(int) { return 0.0f; }
-  BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float*,
-                                float out[4]) {
-    const unsigned char* b = row + (e / 32) * sizeof(BlockQ4_1);
-    const float d = f16_at(b), m = f16_at(b + 2);
-    int q[4];
-    nibbles4(b + 4, static_cast<int>(e & 31), q);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) out[j] = add(mul(d, static_cast<float>(q[j])), m);
-  }
 };
 
 // Q5_0 / Q5_1: the fifth bit of element i is bit i of qh (a little-endian word).
+BARATA_HD __forceinline__ void q5_codes(const unsigned char* qh_at, const unsigned char* qs, int i,
+                                        int c[4]) {
+  const uint32_t qh = ld32(qh_at);
+  nibbles4(qs, i, c);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) c[j] |= static_cast<int>(((qh >> (i + j)) & 1u) << 4);
+}
 template <>
-struct QFmt<DType::Q5_0> {
-  static constexpr bool kLut = false;
+struct QFmt<DType::Q5_0> : FromQ8<QFmt<DType::Q5_0>> {
   static constexpr bool kQ8 = true;
+  static constexpr bool kOff = false;
   BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
                                    uint32_t& q, float& scale, float& off) {
     const unsigned char* b = row + (e / 32) * sizeof(BlockQ5_0);
-    const int i = static_cast<int>(e & 31);
-    const uint32_t qh = ld32(b + 2);
     int c[4];
-    nibbles4(b + 6, i, c);
+    q5_codes(b + 2, b + 6, static_cast<int>(e & 31), c);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) c[j] = (c[j] | static_cast<int>(((qh >> (i + j)) & 1u) << 4)) - 16;
+    for (int j = 0; j < 4; ++j) c[j] -= 16;
     q = pack4(c);
     scale = f16_at(b);
     off = 0.0f;
   }
-  BARATA_HD static float lut_entry(int) {
-    return 0.0f;
-  }
-  BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float*,
-                                float out[4]) {
-    const unsigned char* b = row + (e / 32) * sizeof(BlockQ5_0);
-    const int i = static_cast<int>(e & 31);
-    const float d = f16_at(b);
-    const uint32_t qh = ld32(b + 2);
-    int q[4];
-    nibbles4(b + 6, i, q);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      out[j] =
-          mul(d, static_cast<float>((q[j] | static_cast<int>(((qh >> (i + j)) & 1u) << 4)) - 16));
-  }
 };
 
 template <>
-struct QFmt<DType::Q5_1> {
-  static constexpr bool kLut = false;
+struct QFmt<DType::Q5_1> : FromQ8<QFmt<DType::Q5_1>> {
   static constexpr bool kQ8 = true;
+  static constexpr bool kOff = true;
   BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
                                    uint32_t& q, float& scale, float& off) {
     const unsigned char* b = row + (e / 32) * sizeof(BlockQ5_1);
-    const int i = static_cast<int>(e & 31);
-    const uint32_t qh = ld32(b + 4);
     int c[4];
-    nibbles4(b + 8, i, c);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) c[j] |= static_cast<int>(((qh >> (i + j)) & 1u) << 4);
+    q5_codes(b + 4, b + 8, static_cast<int>(e & 31), c);
     q = pack4(c);
     scale = f16_at(b);
     off = f16_at(b + 2);
   }
-  BARATA_HD static float lut_entry(int) {
-    return 0.0f;
-  }
-  BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float*,
-                                float out[4]) {
-    const unsigned char* b = row + (e / 32) * sizeof(BlockQ5_1);
-    const int i = static_cast<int>(e & 31);
-    const float d = f16_at(b), m = f16_at(b + 2);
-    const uint32_t qh = ld32(b + 4);
-    int q[4];
-    nibbles4(b + 8, i, q);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      out[j] =
-          add(mul(d, static_cast<float>(q[j] | static_cast<int>(((qh >> (i + j)) & 1u) << 4))), m);
-  }
 };
 
 template <>
-struct QFmt<DType::IQ4_NL> {
+struct QFmt<DType::IQ4_NL> : FromQ8<QFmt<DType::IQ4_NL>> {
   static constexpr bool kLut = true;
   static constexpr bool kQ8 = true;
+  static constexpr bool kOff = false;
   // The code book's entries are integers (-127..113): exact as int8.
   BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float* lut,
                                    uint32_t& q, float& scale, float& off) {
@@ -401,15 +349,6 @@ struct QFmt<DType::IQ4_NL> {
   }
   BARATA_HD static float lut_entry(int i) {
     return iq4nl_entry(i);
-  }
-  BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float* lut,
-                                float out[4]) {
-    const unsigned char* b = row + (e / 32) * sizeof(BlockIQ4_NL);
-    const float d = f16_at(b);
-    int q[4];
-    nibbles4(b + 2, static_cast<int>(e & 31), q);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) out[j] = mul(d, lut[q[j]]);
   }
 };
 
@@ -427,9 +366,9 @@ BARATA_HD __forceinline__ void k4_scale_min(const unsigned char* sc, int s, int&
 }
 
 template <DType T>
-struct QFmtK45 {
-  static constexpr bool kLut = false;
+struct QFmtK45 : FromQ8<QFmtK45<T>> {
   static constexpr bool kQ8 = true;
+  static constexpr bool kOff = true;
   // d * sc and dmin * m are exact in fp32 (an fp16 times a 6-bit integer).
   BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
                                    uint32_t& q, float& scale, float& off) {
@@ -453,27 +392,6 @@ struct QFmtK45 {
   static constexpr bool k5 = T == DType::Q5_K;
   static constexpr size_t kBytes = k5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
   static constexpr int kQs = k5 ? 16 + 32 : 16;  // offset of qs in the block
-  BARATA_HD static float lut_entry(int) {
-    return 0.0f;
-  }
-  BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float*,
-                                float out[4]) {
-    const unsigned char* b = row + (e / kQK_K) * kBytes;
-    const int i = static_cast<int>(e % kQK_K), s = i / 32, l = i % 32;
-    int sc, mn;
-    k4_scale_min(b + 4, s, sc, mn);
-    const float dj = mul(f16_at(b), static_cast<float>(sc));
-    const float mj = mul(f16_at(b + 2), static_cast<float>(mn));
-    const uint32_t w = ld32(b + kQs + 32 * (s / 2) + l) >> (4 * (s % 2));
-    uint32_t h = 0;
-    if constexpr (k5) h = ld32(b + 16 + l) >> s;  // bit s of qh[l .. l + 3]
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      int v = static_cast<int>((w >> (8 * j)) & 15u);
-      if constexpr (k5) v |= static_cast<int>(((h >> (8 * j)) & 1u) << 4);
-      out[j] = sub(mul(dj, static_cast<float>(v)), mj);
-    }
-  }
 };
 template <>
 struct QFmt<DType::Q4_K> : QFmtK45<DType::Q4_K> {};
@@ -484,9 +402,9 @@ struct QFmt<DType::Q5_K> : QFmtK45<DType::Q5_K> {};
 // ql[64h + r % 64] (high nibble for r >= 64), two bits from qh[32h + r % 32]
 // at shift 2 (r / 32), and the int8 scale of its 16-weight group.
 template <>
-struct QFmt<DType::Q6_K> {
-  static constexpr bool kLut = false;
+struct QFmt<DType::Q6_K> : FromQ8<QFmt<DType::Q6_K>> {
   static constexpr bool kQ8 = true;
+  static constexpr bool kOff = false;
   // d * sc is exact in fp32 (an fp16 times an int8).
   BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
                                    uint32_t& q, float& scale, float& off) {
@@ -503,23 +421,6 @@ struct QFmt<DType::Q6_K> {
     scale = mul(f16_at(b + 208), static_cast<float>(sc));
     off = 0.0f;
   }
-  BARATA_HD static float lut_entry(int) {
-    return 0.0f;
-  }
-  BARATA_HD static void decode4(const unsigned char* row, int64_t, int64_t e, const float*,
-                                float out[4]) {
-    const unsigned char* b = row + (e / kQK_K) * sizeof(BlockQ6_K);
-    const int i = static_cast<int>(e % kQK_K), h = i / 128, r = i % 128;
-    const uint32_t lo = ld32(b + 64 * h + r % 64) >> (4 * (r / 64));
-    const uint32_t hi = ld32(b + 128 + 32 * h + r % 32) >> (2 * (r / 32));
-    const int sc = static_cast<int8_t>(ld8(b + 192 + i / 16));
-    const float ds = mul(f16_at(b + 208), static_cast<float>(sc));
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int v = static_cast<int>(((lo >> (8 * j)) & 15u) | (((hi >> (8 * j)) & 3u) << 4));
-      out[j] = mul(ds, static_cast<float>(v - 32));
-    }
-  }
 };
 
 // barata's int8 rows: [fp32 d] then k int8 (I8_ROW); I8_TENSOR has no header.
@@ -527,6 +428,7 @@ template <bool kRowScale>
 struct QFmtI8 {
   static constexpr bool kLut = false;
   static constexpr bool kQ8 = true;
+  static constexpr bool kOff = false;
   // Rows of whole 32-element blocks only (the activations' block).
   BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
                                    uint32_t& q, float& scale, float& off) {
@@ -567,6 +469,7 @@ template <bool kRowScale>
 struct QFmtI4 {
   static constexpr bool kLut = false;
   static constexpr bool kQ8 = true;
+  static constexpr bool kOff = false;
   // Rows of whole 32-element chunks only (the activations' block).
   BARATA_HD static void decode4_q8(const unsigned char* row, int64_t, int64_t e, const float*,
                                    uint32_t& q, float& scale, float& off) {
@@ -608,9 +511,9 @@ struct QFmt<DType::I4_TENSOR> : QFmtI4<false> {};
 // I4_G128: one fp16 scale per started group of 128 (k is whole chunks of 32),
 // all before the codes.
 template <>
-struct QFmt<DType::I4_G128> {
-  static constexpr bool kLut = false;
+struct QFmt<DType::I4_G128> : FromQ8<QFmt<DType::I4_G128>> {
   static constexpr bool kQ8 = true;
+  static constexpr bool kOff = false;
   BARATA_HD static void decode4_q8(const unsigned char* row, int64_t k, int64_t e, const float*,
                                    uint32_t& q, float& scale, float& off) {
     const int64_t groups = (k + kQKG128 - 1) / kQKG128;
@@ -621,18 +524,6 @@ struct QFmt<DType::I4_G128> {
     q = pack4(c);
     scale = f16_at(row + 2 * (e / kQKG128));
     off = 0.0f;
-  }
-  BARATA_HD static float lut_entry(int) {
-    return 0.0f;
-  }
-  BARATA_HD static void decode4(const unsigned char* row, int64_t k, int64_t e, const float*,
-                                float out[4]) {
-    const int64_t groups = (k + kQKG128 - 1) / kQKG128;
-    const float d = f16_at(row + 2 * (e / kQKG128));
-    int q[4];
-    nibbles4(row + 2 * groups + (e & ~int64_t{31}) / 2, static_cast<int>(e & 31), q);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) out[j] = mul(static_cast<float>(q[j] - 8), d);
   }
 };
 

@@ -138,10 +138,6 @@ __global__ void __launch_bounds__(kThreads)
 // 4 int8 activations and their block scale and does, per row, one __dp4a and
 // one FMA (a second pair for the types with an offset): 4x fewer activation
 // bytes and FMAs than the fp32 form.
-template <DType TY>
-constexpr bool kHasOffset =
-    TY == DType::Q4_1 || TY == DType::Q5_1 || TY == DType::Q4_K || TY == DType::Q5_K;
-
 template <DType TY, int R, int T>
 __global__ void __launch_bounds__(kThreads)
     qmm_q8_kernel(const unsigned char* __restrict__ w, size_t row_bytes, int k, int n_rows,
@@ -184,12 +180,12 @@ __global__ void __launch_bounds__(kThreads)
         const int xv = __ldg(xq + static_cast<size_t>(t) * kw + e / 4);
         const float dx = __ldg(xd + static_cast<size_t>(t) * kb + e / 32);
         int sx = 0;
-        if constexpr (kHasOffset<TY>) sx = __dp4a(xv, 0x01010101, 0);
+        if constexpr (F::kOff) sx = __dp4a(xv, 0x01010101, 0);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           const int d = __dp4a(static_cast<int>(wq[r]), xv, 0);
           acc[r * T + t] = fma_acc(__fmul_rn(ws[r], dx), static_cast<float>(d), acc[r * T + t]);
-          if constexpr (kHasOffset<TY>)
+          if constexpr (F::kOff)
             acc[r * T + t] = fma_acc(__fmul_rn(wo[r], dx), static_cast<float>(sx), acc[r * T + t]);
         }
       }
@@ -268,46 +264,37 @@ int rows_for(int t) {
   return t <= 16 ? 4 : 64 / t;
 }
 
-template <DType TY>
-void launch_type(const Args& a, cudaStream_t stream) {
-  switch (padded_tokens(a.n_tok)) {
+// Calls f.template operator()<R, T>() with the padded width T of n tokens and
+// its rows per CTA R.
+template <typename F>
+void by_width(int n_tok, F&& f) {
+  switch (padded_tokens(n_tok)) {
     case 1:
-      return launch_rt<TY, 4, 1>(a, stream);
+      return f.template operator()<4, 1>();
     case 2:
-      return launch_rt<TY, 4, 2>(a, stream);
+      return f.template operator()<4, 2>();
     case 4:
-      return launch_rt<TY, 4, 4>(a, stream);
+      return f.template operator()<4, 4>();
     case 8:
-      return launch_rt<TY, 4, 8>(a, stream);
+      return f.template operator()<4, 8>();
     case 16:
-      return launch_rt<TY, 4, 16>(a, stream);
+      return f.template operator()<4, 16>();
     case 32:
-      return launch_rt<TY, 2, 32>(a, stream);
+      return f.template operator()<2, 32>();
     default:
-      return launch_rt<TY, 1, 64>(a, stream);
+      return f.template operator()<1, 64>();
   }
 }
 
 template <DType TY>
+void launch_type(const Args& a, cudaStream_t stream) {
+  by_width(a.n_tok, [&]<int R, int T>() { launch_rt<TY, R, T>(a, stream); });
+}
+
+template <DType TY>
 void launch_q8_type(const Q8Args& a, cudaStream_t stream) {
-  if constexpr (qdec::QFmt<TY>::kQ8) {
-    switch (padded_tokens(a.n_tok)) {
-      case 1:
-        return launch_q8_rt<TY, 4, 1>(a, stream);
-      case 2:
-        return launch_q8_rt<TY, 4, 2>(a, stream);
-      case 4:
-        return launch_q8_rt<TY, 4, 4>(a, stream);
-      case 8:
-        return launch_q8_rt<TY, 4, 8>(a, stream);
-      case 16:
-        return launch_q8_rt<TY, 4, 16>(a, stream);
-      case 32:
-        return launch_q8_rt<TY, 2, 32>(a, stream);
-      default:
-        return launch_q8_rt<TY, 1, 64>(a, stream);
-    }
-  }
+  if constexpr (qdec::QFmt<TY>::kQ8)
+    by_width(a.n_tok, [&]<int R, int T>() { launch_q8_rt<TY, R, T>(a, stream); });
 }
 
 // ---- rows to fp16 -------------------------------------------------------------------
@@ -341,6 +328,13 @@ void launch_dq(const unsigned char* w, size_t row_bytes, int k, int64_t n_rows, 
   BARATA_LAUNCH(dequant_rows_kernel<TY>, grid, dim3(kDqThreads), 0, stream, w, row_bytes, k,
                 reinterpret_cast<unsigned short*>(dst));
   BARATA_CUDA_CHECK_LAUNCH();
+}
+
+// "qmm<Q4_K, 4 rows x 8 tokens>": the kernel a width runs, for bench -v.
+std::string variant(const char* name, DType type, int64_t n_tok) {
+  const int t = padded_tokens(n_tok < 1 ? 1 : n_tok);
+  return std::string(name) + "<" + dtype_name(type) + ", " + std::to_string(rows_for(t)) +
+         " rows x " + std::to_string(t) + " tokens>";
 }
 
 [[noreturn]] void bad(const char* fn, const std::string& what) {
@@ -379,9 +373,7 @@ bool qmm_supported(DType type) {
 }
 
 std::string qmm_variant(DType type, int64_t n_tok) {
-  const int t = padded_tokens(n_tok < 1 ? 1 : n_tok);
-  return std::string("qmm<") + dtype_name(type) + ", " + std::to_string(rows_for(t)) + " rows x " +
-         std::to_string(t) + " tokens>";
+  return variant("qmm", type, n_tok);
 }
 
 void launch_qmm(DType type, const void* w, size_t row_bytes, int64_t k, int64_t n_rows, float scale,
@@ -427,9 +419,7 @@ bool qmm_q8_supported(DType type) {
 }
 
 std::string qmm_q8_variant(DType type, int64_t n_tok) {
-  const int t = padded_tokens(n_tok < 1 ? 1 : n_tok);
-  return std::string("qmm_q8<") + dtype_name(type) + ", " + std::to_string(rows_for(t)) +
-         " rows x " + std::to_string(t) + " tokens>";
+  return variant("qmm_q8", type, n_tok);
 }
 
 void launch_quantize_q8(const float* x, int64_t n_tok, int64_t k, void* xq, float* xd,
