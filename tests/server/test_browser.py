@@ -44,6 +44,19 @@ with Server("--slots", "2", "-t", "2") as s:
         def last_reply():
             return driver.find_elements(By.CSS_SELECTOR, ".msg.assistant, .msg.error")[-1]
 
+        # Every text the page puts into a reply, as the browser applies it: a
+        # MutationObserver's records keep each replaced text node, so chunks
+        # that arrive in one network read (a fast model) are all seen, where
+        # polling from here can miss them.
+        driver.execute_script("""
+          window.__lens = [];
+          new MutationObserver(recs => {
+            for (const r of recs)
+              if (r.target.classList && r.target.classList.contains('assistant'))
+                for (const n of r.addedNodes)
+                  if (n.nodeType === 3) window.__lens.push(n.data.length);
+          }).observe(document.body, {subtree: true, childList: true});
+        """)
         box = driver.find_element(By.ID, "input")
         box.send_keys("What is the capital of France?")
         box.send_keys(Keys.ENTER)
@@ -61,7 +74,7 @@ with Server("--slots", "2", "-t", "2") as s:
         el = last_reply()
         check(el.get_attribute("data-done") in ("stop", "length"),
               f"the reply finished ({el.get_attribute('data-done')}): {el.text[:60]!r}")
-        growth = sorted(set(lengths))
+        growth = sorted(set(lengths + (driver.execute_script("return window.__lens") or [])))
         chunks = int(el.get_attribute("data-chunks"))
         check(chunks >= 3 and len(growth) >= 3,
               f"it arrived token by token: {chunks} chunks, seen at {len(growth)} lengths")
