@@ -45,6 +45,16 @@ __device__ __forceinline__ float fma_acc(float a, float b, float c) {
 #endif
 }
 
+// The type's 16-entry code book into shared memory (NF4, IQ4_NL; a no-op
+// for the others), before any thread decodes.
+template <typename F>
+__device__ __forceinline__ void load_code_book(float* lut) {
+  if constexpr (F::kLut) {
+    if (threadIdx.x < 16) lut[threadIdx.x] = F::lut_entry(static_cast<int>(threadIdx.x));
+    __syncthreads();
+  }
+}
+
 // acc[r * T + t] of every thread summed across the warp (reduce-scatter)
 // and the 4 warps (shared memory, fixed order); y = scale * sum.
 template <int R, int T>
@@ -79,10 +89,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kN = R * T;
   __shared__ float lut[16];
   __shared__ float red[kWarps * kN];
-  if constexpr (F::kLut) {
-    if (threadIdx.x < 16) lut[threadIdx.x] = F::lut_entry(static_cast<int>(threadIdx.x));
-    __syncthreads();
-  }
+  load_code_book<F>(lut);
   const unsigned lane = threadIdx.x & 31u;
   const int warp = static_cast<int>(threadIdx.x >> 5);
   const int row0 = static_cast<int>(blockIdx.x) * R;
@@ -147,10 +154,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kN = R * T;
   __shared__ float lut[16];
   __shared__ float red[kWarps * kN];
-  if constexpr (F::kLut) {
-    if (threadIdx.x < 16) lut[threadIdx.x] = F::lut_entry(static_cast<int>(threadIdx.x));
-    __syncthreads();
-  }
+  load_code_book<F>(lut);
   const unsigned lane = threadIdx.x & 31u;
   const int warp = static_cast<int>(threadIdx.x >> 5);
   const int row0 = static_cast<int>(blockIdx.x) * R;
@@ -306,10 +310,7 @@ __global__ void __launch_bounds__(kDqThreads)
                         unsigned short* __restrict__ dst) {
   using F = qdec::QFmt<TY>;
   __shared__ float lut[16];
-  if constexpr (F::kLut) {
-    if (threadIdx.x < 16) lut[threadIdx.x] = F::lut_entry(static_cast<int>(threadIdx.x));
-    __syncthreads();
-  }
+  load_code_book<F>(lut);
   const int64_t r = blockIdx.y;
   const int e = 4 * static_cast<int>(blockIdx.x * kDqThreads + threadIdx.x);
   if (e >= k) return;
