@@ -678,6 +678,29 @@ void Server::Impl::engine_loop() {
 
   std::unordered_map<int, std::shared_ptr<Job>> live;  // scheduler id -> job
   std::vector<int> to_forget;
+  // A finished job is told so only after the metrics are published: a client
+  // that reads /metrics after its reply sees its blocks given back.
+  struct Ending {
+    std::shared_ptr<Job> job;
+    FinishReason finish;
+    std::string error;
+    int64_t prompt_tokens, completion_tokens;
+  };
+  std::vector<Ending> endings;
+  auto tell_endings = [&endings] {
+    for (Ending& e : endings) {
+      {
+        std::lock_guard<std::mutex> l(e.job->m);
+        e.job->done = true;
+        e.job->finish = e.finish;
+        e.job->error = std::move(e.error);
+        e.job->prompt_tokens = e.prompt_tokens;
+        e.job->completion_tokens = e.completion_tokens;
+      }
+      e.job->cv.notify_all();
+    }
+    endings.clear();
+  };
   sch.on_text = [&live](const Sequence& s, std::string_view text) {
     auto it = live.find(s.id);
     if (it == live.end()) return;
@@ -695,7 +718,7 @@ void Server::Impl::engine_loop() {
     std::lock_guard<std::mutex> l(metrics_m);
     ttft.observe(seconds_since(it->second->t_arrival));
   };
-  sch.on_finish = [this, &live, &to_forget](const Sequence& s) {
+  sch.on_finish = [this, &live, &to_forget, &endings](const Sequence& s) {
     to_forget.push_back(s.id);
     auto it = live.find(s.id);
     if (it == live.end()) return;
@@ -712,15 +735,9 @@ void Server::Impl::engine_loop() {
         while (completions.size() > 32) completions.pop_front();
       }
     }
-    {
-      std::lock_guard<std::mutex> l(j->m);
-      j->done = true;
-      j->finish = s.status == SeqStatus::kFailed ? FinishReason::kError : s.finish;
-      j->error = s.error;
-      j->prompt_tokens = s.n_prompt;
-      j->completion_tokens = static_cast<int64_t>(s.output().size());
-    }
-    j->cv.notify_all();
+    endings.push_back({std::move(j),
+                       s.status == SeqStatus::kFailed ? FinishReason::kError : s.finish, s.error,
+                       s.n_prompt, static_cast<int64_t>(s.output().size())});
   };
   auto finish_unsubmitted = [](const std::shared_ptr<Job>& j, FinishReason r) {
     {
@@ -807,6 +824,7 @@ void Server::Impl::engine_loop() {
     for (int id : to_forget) sch.forget(id);
     to_forget.clear();
     publish();
+    tell_endings();
     {
       std::lock_guard<std::mutex> l(inbox_m);
       waiting_published = sch.n_waiting();
