@@ -18,8 +18,19 @@
 #endif
 
 #include "barata/error.h"
+#include "cuda_types.cuh"
 
 namespace barata::cuda {
+
+// One output of a matmul through its epilogue (cuda_types.cuh). __fadd_rn
+// keeps the additions apart from the product: no FMA contraction, so the
+// bits are those of the separate kernels.
+__device__ __forceinline__ void store_out(float* y, int64_t at, int row, float v,
+                                          const Epilogue& ep) {
+  if (ep.bias) v = __fadd_rn(v, ep.bias[row]);
+  if (ep.accumulate) v = __fadd_rn(y[at], v);
+  y[at] = v;
+}
 
 // Plain string building rather than barata::fail: fmt's compile-time format
 // checks are fragile under nvcc (fmt 9 turns its constexpr off for __NVCC__).

@@ -9,3 +9,16 @@
 #else
 #include <cuda_runtime.h>
 #endif
+
+namespace barata::cuda {
+
+// What a matmul kernel does with each output v = scale * dot(W row r, x row
+// t): y = v, then + bias[r] where bias is set, then + the y already there
+// where accumulate is (the residual add). The same additions, in the same
+// order and rounding, as the add_bias and add kernels after a plain matmul.
+struct Epilogue {
+  const float* bias = nullptr;
+  bool accumulate = false;
+};
+
+}  // namespace barata::cuda

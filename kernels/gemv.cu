@@ -202,7 +202,7 @@ template <class F, int T>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     gemv_kernel(const unsigned char* __restrict__ w, size_t row_bytes, uintptr_t w_end, int k,
                 int n_rows, float scale, const float* __restrict__ x, int x_vec,
-                float* __restrict__ y, int64_t ldy) {
+                float* __restrict__ y, int64_t ldy, Epilogue ep) {
   constexpr int kSegElems = seg_elems<F>();
   constexpr int kN = kRows * T;
   BARATA_DYNAMIC_SMEM(uint4, smem);
@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 #pragma unroll
       for (int i = 0; i < kFinal; ++i) {
         const int idx = base + i, r = idx / T, t = idx % T;
-        if (r < n_here) y[t * ldy + row0 + r] = scale * acc[i];
+        if (r < n_here) store_out(y, t * ldy + row0 + r, row0 + r, scale * acc[i], ep);
       }
     }
     return;
@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     if (r < n_here) {
       float s = red[idx * n_warps];
       for (int i = 1; i < n_warps; ++i) s += red[idx * n_warps + i];
-      y[t * ldy + row0 + r] = scale * s;
+      store_out(y, t * ldy + row0 + r, row0 + r, scale * s, ep);
     }
   }
 }
@@ -346,6 +346,7 @@ struct Args {
   int x_vec;
   float* y;
   int64_t ldy;
+  Epilogue ep;
 };
 
 template <class F, int T>
@@ -356,7 +357,7 @@ void launch_t(const Args& a, cudaStream_t stream) {
                       static_cast<size_t>(kRows) * T * n_warps * sizeof(float);
   const unsigned grid = ceil_div(a.n_rows, kRows);
   BARATA_LAUNCH((gemv_kernel<F, T>), dim3(grid), dim3(32 * n_warps), smem, stream, a.w, a.row_bytes,
-                a.w_end, a.k, a.n_rows, a.scale, a.x, a.x_vec, a.y, a.ldy);
+                a.w_end, a.k, a.n_rows, a.scale, a.x, a.x_vec, a.y, a.ldy, a.ep);
   BARATA_CUDA_CHECK_LAUNCH();
 }
 
@@ -394,7 +395,7 @@ bool gemv_supported(DType type) {
 
 void launch_gemv(DType type, const void* w, size_t row_bytes, int64_t k, int64_t n_rows,
                  float scale, const float* x, int64_t n_tok, float* y, int64_t ldy,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, const Epilogue& ep) {
   const DTypeTraits& tr = dtype_traits(type);
   if (!gemv_supported(type)) bad(std::string("no kernel for ") + tr.name + " weights");
   if (n_tok < 1 || n_tok > kGemvMaxTokens)
@@ -428,6 +429,7 @@ void launch_gemv(DType type, const void* w, size_t row_bytes, int64_t k, int64_t
   a.x_vec = k % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   a.y = y;
   a.ldy = ldy;
+  a.ep = ep;
   switch (type) {
     case DType::F32:
       return launch_f<FmtF32>(a, n_tok, stream);

@@ -20,6 +20,6 @@ bool gemv_supported(DType type);
 // floats, contiguous. Accumulates in fp32.
 void launch_gemv(DType type, const void* w, size_t row_bytes, int64_t k, int64_t n_rows,
                  float scale, const float* x, int64_t n_tok, float* y, int64_t ldy,
-                 cudaStream_t stream);
+                 cudaStream_t stream, const Epilogue& ep = {});  // ep: as launch_qmm's
 
 }  // namespace barata::cuda

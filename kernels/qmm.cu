@@ -60,7 +60,8 @@ __device__ __forceinline__ void load_code_book(float* lut) {
 template <int R, int T>
 __device__ __forceinline__ void reduce_store(float (&acc)[R * T], float* red, unsigned lane,
                                              int warp, int n_here, int n_tok, int row0, float scale,
-                                             float* __restrict__ y, int64_t ldy) {
+                                             float* __restrict__ y, int64_t ldy,
+                                             const Epilogue& ep) {
   constexpr int kN = R * T;
   int base = 0;
   Scatter<kN, 16>::run(acc, lane, base);
@@ -75,7 +76,7 @@ __device__ __forceinline__ void reduce_store(float (&acc)[R * T], float* red, un
       float s = red[idx * kWarps];
 #pragma unroll
       for (int i = 1; i < kWarps; ++i) s += red[idx * kWarps + i];
-      y[t * ldy + row0 + r] = scale * s;
+      store_out(y, t * ldy + row0 + r, row0 + r, scale * s, ep);
     }
   }
 }
@@ -84,7 +85,7 @@ template <DType TY, int R, int T>
 __global__ void __launch_bounds__(kThreads)
     qmm_kernel(const unsigned char* __restrict__ w, size_t row_bytes, int k, int n_rows,
                float scale, const float* __restrict__ x, int n_tok, int x_vec,
-               float* __restrict__ y, int64_t ldy) {
+               float* __restrict__ y, int64_t ldy, Epilogue ep) {
   using F = qdec::QFmt<TY>;
   constexpr int kN = R * T;
   __shared__ float lut[16];
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  reduce_store<R, T>(acc, red, lane, warp, n_here, n_tok, row0, scale, y, ldy);
+  reduce_store<R, T>(acc, red, lane, warp, n_here, n_tok, row0, scale, y, ldy, ep);
 }
 
 // ---- 8-bit activations ----------------------------------------------------------
@@ -149,7 +150,7 @@ template <DType TY, int R, int T>
 __global__ void __launch_bounds__(kThreads)
     qmm_q8_kernel(const unsigned char* __restrict__ w, size_t row_bytes, int k, int n_rows,
                   float scale, const int* __restrict__ xq, const float* __restrict__ xd, int n_tok,
-                  float* __restrict__ y, int64_t ldy) {
+                  float* __restrict__ y, int64_t ldy, Epilogue ep) {
   using F = qdec::QFmt<TY>;
   constexpr int kN = R * T;
   __shared__ float lut[16];
@@ -195,7 +196,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  reduce_store<R, T>(acc, red, lane, warp, n_here, n_tok, row0, scale, y, ldy);
+  reduce_store<R, T>(acc, red, lane, warp, n_here, n_tok, row0, scale, y, ldy, ep);
 }
 
 // One warp per 32-element block of one token: amax across the warp (a NaN
@@ -231,12 +232,13 @@ struct Q8Args {
   int n_tok;
   float* y;
   int64_t ldy;
+  Epilogue ep;
 };
 
 template <DType TY, int R, int T>
 void launch_q8_rt(const Q8Args& a, cudaStream_t stream) {
   BARATA_LAUNCH((qmm_q8_kernel<TY, R, T>), dim3(ceil_div(a.n_rows, R)), dim3(kThreads), 0, stream,
-                a.w, a.row_bytes, a.k, a.n_rows, a.scale, a.xq, a.xd, a.n_tok, a.y, a.ldy);
+                a.w, a.row_bytes, a.k, a.n_rows, a.scale, a.xq, a.xd, a.n_tok, a.y, a.ldy, a.ep);
   BARATA_CUDA_CHECK_LAUNCH();
 }
 
@@ -249,12 +251,13 @@ struct Args {
   int n_tok, x_vec;
   float* y;
   int64_t ldy;
+  Epilogue ep;
 };
 
 template <DType TY, int R, int T>
 void launch_rt(const Args& a, cudaStream_t stream) {
   BARATA_LAUNCH((qmm_kernel<TY, R, T>), dim3(ceil_div(a.n_rows, R)), dim3(kThreads), 0, stream, a.w,
-                a.row_bytes, a.k, a.n_rows, a.scale, a.x, a.n_tok, a.x_vec, a.y, a.ldy);
+                a.row_bytes, a.k, a.n_rows, a.scale, a.x, a.n_tok, a.x_vec, a.y, a.ldy, a.ep);
   BARATA_CUDA_CHECK_LAUNCH();
 }
 
@@ -378,7 +381,8 @@ std::string qmm_variant(DType type, int64_t n_tok) {
 }
 
 void launch_qmm(DType type, const void* w, size_t row_bytes, int64_t k, int64_t n_rows, float scale,
-                const float* x, int64_t n_tok, float* y, int64_t ldy, cudaStream_t stream) {
+                const float* x, int64_t n_tok, float* y, int64_t ldy, cudaStream_t stream,
+                const Epilogue& ep) {
   check_rows("qmm", type, row_bytes, k, n_rows);
   if (n_tok < 1 || n_tok > kQmmMaxTokens)
     bad("qmm",
@@ -399,6 +403,7 @@ void launch_qmm(DType type, const void* w, size_t row_bytes, int64_t k, int64_t 
   a.x_vec = k % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   a.y = y;
   a.ldy = ldy;
+  a.ep = ep;
   switch (type) {
 #define BARATA_QMM_CASE(T) \
   case DType::T:           \
@@ -438,7 +443,7 @@ void launch_quantize_q8(const float* x, int64_t n_tok, int64_t k, void* xq, floa
 
 void launch_qmm_q8(DType type, const void* w, size_t row_bytes, int64_t k, int64_t n_rows,
                    float scale, const void* xq, const float* xd, int64_t n_tok, float* y,
-                   int64_t ldy, cudaStream_t stream) {
+                   int64_t ldy, cudaStream_t stream, const Epilogue& ep) {
   check_rows("qmm q8", type, row_bytes, k, n_rows);
   if (!qmm_q8_supported(type))
     bad("qmm q8", std::string("no 8-bit-activation kernel for ") + dtype_name(type) + " weights");
@@ -466,6 +471,7 @@ void launch_qmm_q8(DType type, const void* w, size_t row_bytes, int64_t k, int64
   a.n_tok = static_cast<int>(n_tok);
   a.y = y;
   a.ldy = ldy;
+  a.ep = ep;
   switch (type) {
 #define BARATA_QMM_CASE(T) \
   case DType::T:           \

@@ -26,8 +26,10 @@ std::string qmm_variant(DType type, int64_t n_tok);
 // W row r at w + r * row_bytes (its row header included; a kTensor type's
 // rows past the tensor header, decoded at unit scale); x rows of k floats,
 // contiguous. fp32 activations, exact weights, fp32 accumulation.
+// ep: a bias per row and/or the residual add (cuda_types.cuh), fused.
 void launch_qmm(DType type, const void* w, size_t row_bytes, int64_t k, int64_t n_rows, float scale,
-                const float* x, int64_t n_tok, float* y, int64_t ldy, cudaStream_t stream);
+                const float* x, int64_t n_tok, float* y, int64_t ldy, cudaStream_t stream,
+                const Epilogue& ep = {});
 
 // The 8-bit-activation form: every type but the floats and NF4 (whose code
 // book is not integers), for rows of whole 32-element blocks.
@@ -45,7 +47,7 @@ void launch_quantize_q8(const float* x, int64_t n_tok, int64_t k, void* xq, floa
 // activations' (__dp4a), times the weight's and the activation's scales.
 void launch_qmm_q8(DType type, const void* w, size_t row_bytes, int64_t k, int64_t n_rows,
                    float scale, const void* xq, const float* xd, int64_t n_tok, float* y,
-                   int64_t ldy, cudaStream_t stream);
+                   int64_t ldy, cudaStream_t stream, const Epilogue& ep = {});
 
 // n_rows rows of W to fp16, row-major with k halves per row (dst 2-byte
 // aligned): each value the reference dequantization (unit scale for kTensor

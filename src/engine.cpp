@@ -143,30 +143,33 @@ void Engine::run(const Batch& b, float* logits) {
     be.matmul(w, in, y);
     counts_.proj_macs += T * w.k * w.n_rows;
   };
+  auto project_bias = [&](const WeightDesc& w, const float* in, float* y,
+                          const std::vector<float>& b) {
+    be.matmul_bias(w, in, y, b);
+    counts_.proj_macs += T * w.k * w.n_rows;
+  };
+  // x += in W^T: the residual add of the attention output and the FFN.
+  auto project_add = [&](const WeightDesc& w, const float* in, float* acc) {
+    be.matmul_add(w, in, acc, out, T * d);
+    counts_.proj_macs += T * w.k * w.n_rows;
+  };
 
   be.embed(x);
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = model_.layers()[static_cast<size_t>(l)];
     be.rms_norm(x, L.attn_norm, xn, d);
-    project(L.wq, xn, q);
-    project(L.wk, xn, k);
-    project(L.wv, xn, v);
-    if (!L.bq.empty()) {
-      be.add_bias(q, L.bq);
-      be.add_bias(k, L.bk);
-      be.add_bias(v, L.bv);
-    }
+    project_bias(L.wq, xn, q, L.bq);
+    project_bias(L.wk, xn, k, L.bk);
+    project_bias(L.wv, xn, v, L.bv);
     be.rope_kv(l, q, k, v);
     be.attention(l, q, att);
-    project(L.wo, att, out);
-    be.add(x, out, T * d);
+    project_add(L.wo, att, x);
 
     be.rms_norm(x, L.ffn_norm, xn, d);
     project(L.w_gate, xn, gate);
     project(L.w_up, xn, up);
     be.swiglu(gate, up, T * c.d_ff);
-    project(L.w_down, gate, out);
-    be.add(x, out, T * d);
+    project_add(L.w_down, gate, x);
     if (residual_hook_) {
       const float* h = x;
       if (be.kind() != DeviceKind::kCpu) {

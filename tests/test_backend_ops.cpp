@@ -6,6 +6,7 @@
 // its own error bound. Without a GPU the CUDA instances skip with the
 // driver's reason, or fail when BARATA_REQUIRE_GPU=1.
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -417,16 +418,10 @@ class CudaMatmul : public ::testing::TestWithParam<DType> {};
 TEST_P(CudaMatmul, EveryWidthBothPaths) {
   const DType type = GetParam();
   const bool big_blocks = dtype_traits(type).block_size >= 256;
-  const Shape shape{"llama",
-                    1,
-                    big_blocks ? 256 : 64,
-                    big_blocks ? 8 : 4,
-                    2,
-                    32,
-                    big_blocks ? 256 : 192,
-                    77,
+  const Shape shape{"llama", 1,  big_blocks ? 256 : 64,  big_blocks ? 8 : 4,
+                    2,       32, big_blocks ? 256 : 192, 77,
                     false,
-                    false,
+                    true,  // q/k/v biases: matmul_bias has one to add
                     type};
   const Synthetic syn = test::make_model(shape, 77);
   const Model model = Model::from_gguf(GgufFile::from_memory(syn.gguf, "matmul"));
@@ -441,7 +436,7 @@ TEST_P(CudaMatmul, EveryWidthBothPaths) {
   const KvLayout layout{c.n_layer, c.n_head_kv * c.head_dim};
   auto cpu = test::make_test_backend(DeviceKind::kCpu, 2);
   cpu->prepare(model, layout, 16, 128);
-  for (const auto [skinny, q8] : {std::pair{64, 1}, std::pair{64, 0}, std::pair{0, 0}}) {
+  for (const auto& [skinny, q8] : {std::pair{64, 1}, std::pair{64, 0}, std::pair{0, 0}}) {
     if (skinny > 0 && !q8 && !q8_type) continue;  // the same as q8 on
     // Under the sanitizers (slow): fp32-activation qmm is left to EmuQmm.
     if (skinny > 0 && !q8 && test::sanitized()) continue;
@@ -509,6 +504,34 @@ TEST_P(CudaMatmul, EveryWidthBothPaths) {
         std::vector<double> ycd(yc.begin(), yc.end());
         const bool like_cpu = q8_path || (skinny_path && !q8_type);
         EXPECT_LE(nmse(y, ycd), like_cpu ? 1e-10 : 1e-4) << "against the CPU backend";
+
+        // The fused forms against the separate ops' arithmetic (one fp32
+        // addition each, y + b and acc + y): the same bits from the skinny
+        // kernels' epilogue and from add_bias after cuBLAS; cuBLAS's beta = 1
+        // for the residual add may round alpha * s + acc in one FMA.
+        if (&m.w == &L.wq) {
+          be->to_device(be->act(m.in), x.data(), static_cast<int64_t>(x.size()));
+          be->matmul_bias(m.w, be->act(m.in), be->act(m.out), L.bq);
+          std::vector<float> yb(y.size()), want(y.size());
+          be->to_host(yb.data(), be->act(m.out), static_cast<int64_t>(yb.size()));
+          for (size_t i = 0; i < y.size(); ++i)
+            want[i] = y[i] + L.bq[i % static_cast<size_t>(m.w.n_rows)];
+          EXPECT_EQ(0, std::memcmp(yb.data(), want.data(), yb.size() * 4)) << "matmul_bias";
+        }
+        std::vector<float> acc0(y.size()), ya(y.size()), want(y.size());
+        for (float& v : acc0) v = nd(rng);
+        for (size_t i = 0; i < y.size(); ++i) want[i] = acc0[i] + y[i];
+        be->to_device(be->act(m.in), x.data(), static_cast<int64_t>(x.size()));
+        be->to_device(be->act(m.out), acc0.data(), static_cast<int64_t>(acc0.size()));
+        // The CUDA backend adds in the matmul: it takes no scratch.
+        be->matmul_add(m.w, be->act(m.in), be->act(m.out), nullptr,
+                       static_cast<int64_t>(acc0.size()));
+        be->to_host(ya.data(), be->act(m.out), static_cast<int64_t>(ya.size()));
+        if (skinny_path) {
+          EXPECT_EQ(0, std::memcmp(ya.data(), want.data(), ya.size() * 4)) << "matmul_add";
+        } else {
+          EXPECT_LE(nmse(ya, std::vector<double>(want.begin(), want.end())), 1e-12) << "matmul_add";
+        }
       }
       blocks.free_sequence(seq);
       // The kernel this (type, width) ran, as bench -v prints it.

@@ -6,7 +6,9 @@
 // when BARATA_REQUIRE_GPU=1.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,9 @@
 #include "barata/quantize.h"
 #include "synthetic_model.h"
 #include "test_util.h"
+#ifdef BARATA_TEST_EMU_BACKEND
+#include "emu/cuda_emu.h"
+#endif
 
 namespace barata {
 namespace {
@@ -44,6 +49,14 @@ std::unique_ptr<Engine> cuda_engine(const Model& m, int64_t n_ctx, std::string* 
   if (!var) {                                                         \
     if (require_gpu()) FAIL() << "BARATA_REQUIRE_GPU=1 and " << why_; \
     GTEST_SKIP() << "CUDA backend unavailable: " << why_;             \
+  }
+
+#define CUDA_ENGINE_OR_SKIP_RETURN(var, model, n_ctx)                        \
+  std::string why_;                                                          \
+  auto var = cuda_engine(model, n_ctx, &why_);                               \
+  if (!var) {                                                                \
+    if (require_gpu()) ADD_FAILURE() << "BARATA_REQUIRE_GPU=1 and " << why_; \
+    return {};                                                               \
   }
 
 int32_t argmax(const float* v, int64_t n) {
@@ -218,6 +231,86 @@ TEST(CudaEngine, SmolLM2MatchesCpu) {
 
 }  // namespace
 }  // namespace barata
+
+#ifdef BARATA_TEST_EMU_BACKEND
+namespace barata {
+namespace {
+
+// The kernels one decode step launches, by name, in the emulation: the nodes
+// its CUDA graph holds (graphs are off there, so every step launches them).
+std::vector<std::string> decode_step_launches(const test::Shape& shape, int width) {
+  const test::Synthetic syn = test::make_model(shape, 7);
+  test::TempDir dir;
+  const auto path = dir / "m.gguf";
+  test::write_bytes(path, syn.gguf);
+  const Model model = Model::load(path);
+  CUDA_ENGINE_OR_SKIP_RETURN(gpu, model, 64 + 32 * width);
+  std::vector<int> seqs;
+  std::vector<float> logits(static_cast<size_t>(shape.n_vocab * width));
+  for (int w = 0; w < width; ++w) {
+    seqs.push_back(gpu->new_sequence());
+    const std::vector<int32_t> prompt{1, 2, 3};
+    gpu->prefill(seqs.back(), prompt, logits.data());
+  }
+  const std::vector<int32_t> next(static_cast<size_t>(width), 5);
+  gpu->decode(seqs, next, logits.data());  // the first step of a width may set things up
+  barata_emu::start_launch_log();
+  gpu->decode(seqs, next, logits.data());
+  barata_emu::stop_launch_log();
+  return barata_emu::launch_log();
+}
+
+std::string tally(const std::vector<std::string>& log) {
+  std::map<std::string, int> n;
+  for (const auto& k : log) ++n[k];
+  std::string s;
+  for (const auto& [k, c] : n) s += "  " + std::to_string(c) + " x " + k + "\n";
+  return s;
+}
+
+// Launches per layer and outside the layers of a decode step, from a 1- and
+// a 2-layer copy of one shape: the launch budget docs/cuda.md gives. On a
+// small model a decode step is bound by its launches, not by its bytes (the
+// 0.5B shape at B=1 reads ~0.3 GB in Q4_K, 60 us at the H200's 4.8 TB/s, in
+// 24 x the per-layer launches), so a change that adds launches shows here.
+struct LaunchCase {
+  const char* name;
+  std::string arch;
+  bool bias;
+  DType type;
+  int width;
+  int per_layer, outside;
+};
+
+class CudaLaunches : public ::testing::TestWithParam<LaunchCase> {};
+
+TEST_P(CudaLaunches, DecodeStepPerLayer) {
+  const LaunchCase& c = GetParam();
+  auto shape = [&](int64_t layers) {
+    return test::Shape{c.arch, layers, 256, 8, 2, 32, 512, 512, false, c.bias, c.type};
+  };
+  const auto one = decode_step_launches(shape(1), c.width);
+  if (one.empty()) GTEST_SKIP() << "no CUDA engine (see the other CudaEngine tests)";
+  const auto two = decode_step_launches(shape(2), c.width);
+  const int per_layer = static_cast<int>(two.size() - one.size());
+  const int outside = static_cast<int>(one.size()) - per_layer;
+  std::printf("%s: %d launches per layer, %d outside the layers; one layer's step:\n%s", c.name,
+              per_layer, outside, tally(one).c_str());
+  EXPECT_EQ(per_layer, c.per_layer) << tally(one);
+  EXPECT_EQ(outside, c.outside) << tally(one);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaLaunches,
+    ::testing::Values(LaunchCase{"qwen2_q4k_b1", "qwen2", true, DType::Q4_K, 1, 16, 4},
+                      LaunchCase{"qwen2_q8_0_b1", "qwen2", true, DType::Q8_0, 1, 12, 3},
+                      LaunchCase{"qwen2_q8_0_b16", "qwen2", true, DType::Q8_0, 16, 17, 4},
+                      LaunchCase{"llama_f16_b4", "llama", false, DType::F16, 4, 12, 3}),
+    [](const auto& i) { return std::string(i.param.name); });
+
+}  // namespace
+}  // namespace barata
+#endif
 
 namespace barata {
 namespace {

@@ -498,6 +498,7 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
     g_last_error = cudaErrorInvalidValue;
     return;
   }
+  log_launch(name);
   while (s.pool.size() < threads) s.pool.push_back(std::make_unique<Fiber>());
   s.n = static_cast<unsigned>(threads);
   for (unsigned i = 0; i < s.n; ++i) {
@@ -535,7 +536,25 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
   g_launch = LaunchState{};
 }
 
+std::vector<std::string> g_launch_log;
+bool g_logging_launches = false;
+
+void log_launch(const char* name) {
+  if (g_logging_launches) g_launch_log.emplace_back(name);
+}
+
 }  // namespace detail
+
+void start_launch_log() {
+  detail::g_launch_log.clear();
+  detail::g_logging_launches = true;
+}
+void stop_launch_log() {
+  detail::g_logging_launches = false;
+}
+const std::vector<std::string>& launch_log() {
+  return detail::g_launch_log;
+}
 
 void set_fault_mode(FaultMode m) {
   detail::g_fault_mode = m;

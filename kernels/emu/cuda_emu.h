@@ -33,6 +33,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 #include <utility>
 
 // ---- qualifiers ---------------------------------------------------------------
@@ -396,7 +397,17 @@ class Fault : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The launches from start_launch_log() to stop_launch_log(), by kernel name
+// (and "cublasGemmEx" for each GEMM of the emulated cuBLAS): a test counts the
+// kernels one forward launches with it, the nodes a CUDA graph of that step
+// would hold. Off unless started.
+void start_launch_log();
+void stop_launch_log();
+const std::vector<std::string>& launch_log();
+
 namespace detail {
+
+void log_launch(const char* name);
 
 struct Fiber;
 struct LaunchState {

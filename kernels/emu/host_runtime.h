@@ -160,6 +160,7 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasO
       ct != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   if (m < 0 || n < 0 || k < 0 || lda < k || ldb < k || ldc < m) return CUBLAS_STATUS_INVALID_VALUE;
+  barata_emu::detail::log_launch("cublasGemmEx");
   const auto* a = static_cast<const unsigned short*>(A);
   const auto* b = static_cast<const unsigned short*>(B);
   auto* c = static_cast<float*>(C);

@@ -269,37 +269,51 @@ class CudaBackend final : public Backend {
   }
 
   void embed(float* x) override {
-    if (replay_) return;
+    if (wrote_acts()) return;
     const DevWeight& e = weights_[static_cast<size_t>(model_->token_embd().id)];
     launch_embed(e.type, e.data, e.row_bytes, e.scale, e.k, d_tokens(), rows_, x, stream_);
     after("embed");
   }
 
   void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t d) override {
-    if (replay_) return;
+    if (wrote_acts()) return;
     launch_rmsnorm(x, vec(w), y, rows_, d, model_->config().norm_eps, nullptr, stream_);
     after("rms_norm");
   }
 
   void matmul(const WeightDesc& w, const float* x, float* y) override {
     if (replay_) return;
-    run_matmul(weights_[static_cast<size_t>(w.id)], x, rows_, y);
+    run_matmul(weights_[static_cast<size_t>(w.id)], x, rows_, y, {});
+  }
+  // The bias and the residual add in the matmul's output (the kernels'
+  // Epilogue; through cuBLAS: its beta, and add_bias after).
+  void matmul_bias(const WeightDesc& w, const float* x, float* y,
+                   const std::vector<float>& b) override {
+    if (replay_) return;
+    run_matmul(weights_[static_cast<size_t>(w.id)], x, rows_, y,
+               {.bias = b.empty() ? nullptr : vec(b)});
+  }
+  void matmul_add(const WeightDesc& w, const float* x, float* acc, float*, int64_t n) override {
+    if (replay_) return;
+    if (n != rows_ * w.n_rows)
+      fail("internal: CUDA matmul_add of {} values for {} rows x {}", n, rows_, w.n_rows);
+    run_matmul(weights_[static_cast<size_t>(w.id)], x, rows_, acc, {.accumulate = true});
   }
 
   void add_bias(float* y, const std::vector<float>& b) override {
-    if (replay_) return;
+    if (wrote_acts()) return;
     launch_add_bias(y, vec(b), rows_, static_cast<int64_t>(b.size()), stream_);
     after("add_bias");
   }
 
   void rope_kv(int64_t layer, float* q, float* k, const float* v) override {
-    if (replay_) return;
+    if (wrote_acts()) return;
     launch_rope_kv(q, k, v, d_rows(), rows_, rope_, kv_view(layer), stream_);
     after("rope_kv");
   }
 
   void attention(int64_t layer, const float* q, float* out) override {
-    if (replay_) return;
+    if (wrote_acts()) return;
     if (decode_shape_) {
       launch_attention_decode(q, out, d_rows(), rows_, attn_, kv_view(layer), split_,
                               workspace_.as<float>(), stream_);
@@ -312,13 +326,13 @@ class CudaBackend final : public Backend {
   }
 
   void swiglu(float* gate, const float* up, int64_t n) override {
-    if (replay_) return;
+    if (wrote_acts()) return;
     launch_swiglu(gate, up, n, stream_);
     after("swiglu");
   }
 
   void add(float* x, const float* y, int64_t n) override {
-    if (replay_) return;
+    if (wrote_acts()) return;
     launch_add(x, y, n, stream_);
     after("add");
   }
@@ -326,6 +340,7 @@ class CudaBackend final : public Backend {
   void logits(const float* x, float* host_logits) override;
 
   void to_device(float* dst, const float* host, int64_t n) override {
+    q8_of_ = nullptr;
     BARATA_CUDA_CHECK(
         cudaMemcpyAsync(dst, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
     BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -420,6 +435,13 @@ class CudaBackend final : public Backend {
     return it->second;
   }
 
+  // Every op but matmul may write an activation: the 8-bit copy of one is
+  // then stale. Returns whether the op is to be skipped (a graph replays it).
+  bool wrote_acts() {
+    q8_of_ = nullptr;
+    return replay_;
+  }
+
   void after(const char* op) {
     if (!sync_each_op_ || capturing_) return;
     const cudaError_t err = cudaStreamSynchronize(stream_);
@@ -428,7 +450,7 @@ class CudaBackend final : public Backend {
            cudaGetErrorName(err));
   }
 
-  void run_matmul(const DevWeight& w, const float* x, int64_t n, float* y);
+  void run_matmul(const DevWeight& w, const float* x, int64_t n, float* y, const Epilogue& ep);
   // Rows of a weight dequantized per cuBLAS call: the tile's budget, at most
   // 65535 rows (one grid dimension of the dequantizer).
   static int64_t dequant_tile_rows(const DevWeight& w) {
@@ -476,6 +498,11 @@ class CudaBackend final : public Backend {
   // (at q8_scales_at_) one fp32 scale per 32.
   Grow act_q8_;
   int64_t q8_scales_at_ = 0;
+  // What act_q8_ holds: the activations at q8_of_ (n q8_n_, k q8_k_), kept
+  // for the next matmul on the same input (q, k, v; gate, up) until an op
+  // writes any activation.
+  const float* q8_of_ = nullptr;
+  int64_t q8_n_ = 0, q8_k_ = 0;
   int64_t acts_rows_ = 0;
   int64_t off_tokens_ = 0, off_rows_ = 0, off_tiles_ = 0, off_logit_rows_ = 0, off_tables_ = 0;
   void* pinned_ = nullptr;
@@ -672,6 +699,7 @@ void CudaBackend::begin(const Batch& b) {
   }
   batch_ = &b;
   rows_ = b.size();
+  q8_of_ = nullptr;
   ensure_rows(rows_);
 
   // Decode shape: every row its own sequence (one query row per sequence).
@@ -738,8 +766,10 @@ void CudaBackend::begin(const Batch& b) {
   }
 }
 
-void CudaBackend::run_matmul(const DevWeight& w, const float* x, int64_t n, float* y) {
+void CudaBackend::run_matmul(const DevWeight& w, const float* x, int64_t n, float* y,
+                             const Epilogue& ep) {
   const int64_t ldy = w.n_rows;
+  if (y == q8_of_) q8_of_ = nullptr;  // (y never is x: the seam's matmul is out of place)
   const MatmulPath path = choose_matmul(w.type, n, qmm_max_);
   auto log_kernel = [&](auto make) {
     auto key = std::make_pair(w.type, n);
@@ -747,7 +777,7 @@ void CudaBackend::run_matmul(const DevWeight& w, const float* x, int64_t n, floa
   };
   if (path == MatmulPath::kGemv) {
     log_kernel([&] { return std::string("gemv<") + dtype_name(w.type) + ">"; });
-    launch_gemv(w.type, w.data, w.row_bytes, w.k, w.n_rows, w.scale, x, n, y, ldy, stream_);
+    launch_gemv(w.type, w.data, w.row_bytes, w.k, w.n_rows, w.scale, x, n, y, ldy, stream_, ep);
     after("gemv");
     return;
   }
@@ -755,15 +785,21 @@ void CudaBackend::run_matmul(const DevWeight& w, const float* x, int64_t n, floa
     log_kernel([&] { return qmm_q8_variant(w.type, n); });
     auto* xq = act_q8_.as<unsigned char>();
     auto* xd = reinterpret_cast<float*>(xq + q8_scales_at_);
-    launch_quantize_q8(x, n, w.k, xq, xd, stream_);
-    after("quantize q8");
-    launch_qmm_q8(w.type, w.data, w.row_bytes, w.k, w.n_rows, w.scale, xq, xd, n, y, ldy, stream_);
+    if (q8_of_ != x || q8_n_ != n || q8_k_ != w.k) {
+      launch_quantize_q8(x, n, w.k, xq, xd, stream_);
+      after("quantize q8");
+      q8_of_ = x;
+      q8_n_ = n;
+      q8_k_ = w.k;
+    }
+    launch_qmm_q8(w.type, w.data, w.row_bytes, w.k, w.n_rows, w.scale, xq, xd, n, y, ldy, stream_,
+                  ep);
     after("qmm q8");
     return;
   }
   if (path == MatmulPath::kQmm) {
     log_kernel([&] { return qmm_variant(w.type, n); });
-    launch_qmm(w.type, w.data, w.row_bytes, w.k, w.n_rows, w.scale, x, n, y, ldy, stream_);
+    launch_qmm(w.type, w.data, w.row_bytes, w.k, w.n_rows, w.scale, x, n, y, ldy, stream_, ep);
     after("qmm");
     return;
   }
@@ -778,7 +814,7 @@ void CudaBackend::run_matmul(const DevWeight& w, const float* x, int64_t n, floa
   });
   act_f16_.ensure(arena_, n * w.k * 2, "fp16 activations");
   launch_f32_to_f16(x, act_f16_.as<uint16_t>(), n * w.k, stream_);
-  const float alpha = w.scale, beta = 0.0f;
+  const float alpha = w.scale, beta = ep.accumulate ? 1.0f : 0.0f;
   int64_t tile_rows = w.n_rows;
   if (path == MatmulPath::kDequantCublas) {
     tile_rows = dequant_tile_rows(w);
@@ -804,6 +840,10 @@ void CudaBackend::run_matmul(const DevWeight& w, const float* x, int64_t n, floa
         "GemmEx");
   }
   after("gemm");
+  if (ep.bias) {
+    launch_add_bias(y, ep.bias, n, w.n_rows, stream_);
+    after("add_bias");
+  }
 }
 
 void CudaBackend::logits(const float* x, float* host_logits) {
@@ -812,10 +852,12 @@ void CudaBackend::logits(const float* x, float* host_logits) {
   float* xn = act(Act::kXn);
   if (!capturing_ && logits_.ensure(arena_, n_out * c.n_vocab * 4, "logits")) drop_graphs();
   if (!replay_) {
+    q8_of_ = nullptr;
     launch_rmsnorm(x, vec(model_->output_norm()), xn, n_out, c.d_model, c.norm_eps, d_logit_rows(),
                    stream_);
     after("output rms_norm");
-    run_matmul(weights_[static_cast<size_t>(model_->output().id)], xn, n_out, logits_.as<float>());
+    run_matmul(weights_[static_cast<size_t>(model_->output().id)], xn, n_out, logits_.as<float>(),
+               {});
   }
   if (capturing_) {
     cudaGraph_t g = nullptr;
