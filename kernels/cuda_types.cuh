@@ -21,4 +21,12 @@ struct Epilogue {
   bool accumulate = false;
 };
 
+// Where a kernel that writes a matmul's input also writes its 8-bit copy
+// (as launch_quantize_q8 lays it out: n_tok * k int8 values, then one fp32
+// scale per 32 in xd); null xq: no copy.
+struct Q8Out {
+  signed char* xq = nullptr;
+  float* xd = nullptr;
+};
+
 }  // namespace barata::cuda

@@ -1,8 +1,10 @@
 #include "elementwise.cuh"
 
+#include <algorithm>
 #include <string>
 
 #include "common.cuh"
+#include "q8_act.cuh"
 
 namespace barata::cuda {
 namespace {
@@ -68,6 +70,21 @@ __global__ void __launch_bounds__(kThreads)
     gate[i] = swiglu(gate[i], __ldg(up + i));
 }
 
+// swiglu and its 8-bit copy: one warp per 32 elements (grid-stride over
+// the blocks), the swiglu kernel's arithmetic, then quantize_block_q8.
+__global__ void __launch_bounds__(kThreads)
+    swiglu_q8_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t n_blocks,
+                     signed char* __restrict__ xq, float* __restrict__ xd) {
+  const unsigned lane = threadIdx.x & 31u;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t b = first_index() >> 5; b < n_blocks; b += warps) {
+    const int64_t i = 32 * b + lane;
+    const float g = swiglu(gate[i], __ldg(up + i));
+    gate[i] = g;
+    quantize_block_q8(g, lane, xq + 32 * b, xd + b);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     f32_to_f16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
   int64_t done = 0;
@@ -120,6 +137,22 @@ void launch_swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream)
   check_n("swiglu", n);
   if (n == 0) return;
   BARATA_LAUNCH(swiglu_kernel, grid_for(n), kThreads, 0, stream, gate, up, n);
+  BARATA_CUDA_CHECK_LAUNCH();
+}
+
+void launch_swiglu_q8(float* gate, const float* up, int64_t n, const Q8Out& q8,
+                      cudaStream_t stream) {
+  check_n("swiglu", n);
+  if (n % 32 != 0 || q8.xq == nullptr || q8.xd == nullptr ||
+      (reinterpret_cast<uintptr_t>(q8.xq) & 3) != 0)
+    throw Error("cuda swiglu: an 8-bit copy needs whole 32-element blocks (" + std::to_string(n) +
+                " values) and aligned outputs");
+  if (n == 0) return;
+  const int64_t blocks = n / 32;
+  const int64_t ctas =
+      std::min<int64_t>(kMaxBlocks, (blocks + kThreads / 32 - 1) / (kThreads / 32));
+  BARATA_LAUNCH(swiglu_q8_kernel, static_cast<unsigned>(ctas), kThreads, 0, stream, gate, up,
+                blocks, q8.xq, q8.xd);
   BARATA_CUDA_CHECK_LAUNCH();
 }
 

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "common.cuh"
+#include "q8_act.cuh"
 #include "qdecode.cuh"
 #include "warp_reduce.cuh"
 
@@ -211,15 +212,7 @@ __global__ void __launch_bounds__(32 * kQ8Warps)
   if (b >= kb) return;
   const unsigned lane = threadIdx.x & 31u;
   const size_t t = blockIdx.y;
-  const float v = x[t * k + 32 * b + lane];
-  float amax = fmaxf(0.0f, fabsf(v));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float d = __fdiv_rn(amax, 127.0f);
-  const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-  const float q = rintf(fmaxf(-127.0f, fminf(127.0f, __fmul_rn(v, id))));
-  xq[t * k + 32 * b + lane] = static_cast<signed char>(static_cast<int>(q));
-  if (lane == 0) xd[t * kb + b] = d;
+  quantize_block_q8(x[t * k + 32 * b + lane], lane, xq + t * k + 32 * b, xd + t * kb + b);
 }
 
 struct Q8Args {

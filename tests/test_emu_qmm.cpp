@@ -22,9 +22,11 @@
 #include "barata/half.h"
 #include "barata/quant_blocks.h"
 #include "cpu/matmul.h"
+#include "elementwise.cuh"
 #include "embed.cuh"
 #include "qdecode.cuh"
 #include "qmm.cuh"
+#include "rmsnorm.cuh"
 #include "sanitizer.h"
 
 namespace barata {
@@ -342,6 +344,55 @@ TEST(EmuQmm, QuantizeQ8MatchesTheCpu) {
       ASSERT_EQ(xq[b * 32 + j], want[b].q[j]) << "block " << b << " el " << j;
   }
   EXPECT_THROW(cuda::launch_quantize_q8(x.data(), 1, 48, xq.data(), xd.data(), nullptr), Error);
+}
+
+// rms_norm and swiglu that also write their output's 8-bit copy (one launch
+// fewer per matmul input): the same output as without it, and a copy with the
+// bits of quantize_q8 on that output; d = 96 rows (3 warps' blocks by 1 warp
+// of a 32-thread CTA) and 896 (the 0.5B shape: 7 warps, 28 blocks).
+TEST(EmuQmm, NormAndSwigluWriteTheQuantizersBits) {
+  for (const int64_t d : {96, 896}) {
+    SCOPED_TRACE("d " + std::to_string(d));
+    const int64_t n_tok = 3;
+    std::mt19937 rng(static_cast<uint32_t>(d));
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    std::vector<float> x(static_cast<size_t>(n_tok * d)), g(static_cast<size_t>(d)), up(x.size());
+    for (auto& v : x) v = normal(rng);
+    for (auto& v : g) v = normal(rng);
+    for (auto& v : up) v = normal(rng);
+    for (int j = 0; j < 32; ++j) up[static_cast<size_t>(d + j)] = 0.0f;  // an all-zero block
+    std::vector<int8_t> xq(x.size()), want_q(x.size());
+    std::vector<float> xd(x.size() / 32), want_d(xd.size());
+    auto same = [&](const char* what) {
+      for (size_t b = 0; b < xd.size(); ++b) {
+        EXPECT_EQ(bits(xd[b]), bits(want_d[b])) << what << " block " << b;
+        for (int j = 0; j < 32; ++j)
+          ASSERT_EQ(xq[b * 32 + j], want_q[b * 32 + j]) << what << " block " << b << " el " << j;
+      }
+    };
+    std::vector<float> y(x.size()), y8(x.size());
+    cuda::launch_rmsnorm(x.data(), g.data(), y.data(), n_tok, d, 1e-5f, nullptr, nullptr);
+    cuda::launch_rmsnorm(x.data(), g.data(), y8.data(), n_tok, d, 1e-5f, nullptr, nullptr,
+                         {xq.data(), xd.data()});
+    EXPECT_EQ(0, std::memcmp(y.data(), y8.data(), y.size() * 4)) << "rms_norm output";
+    cuda::launch_quantize_q8(y.data(), n_tok, d, want_q.data(), want_d.data(), nullptr);
+    same("rms_norm");
+    std::vector<float> s1(x), s2(x);
+    cuda::launch_swiglu(s1.data(), up.data(), static_cast<int64_t>(x.size()), nullptr);
+    cuda::launch_swiglu_q8(s2.data(), up.data(), static_cast<int64_t>(x.size()),
+                           {xq.data(), xd.data()}, nullptr);
+    EXPECT_EQ(0, std::memcmp(s1.data(), s2.data(), s1.size() * 4)) << "swiglu output";
+    cuda::launch_quantize_q8(s1.data(), n_tok, d, want_q.data(), want_d.data(), nullptr);
+    same("swiglu");
+  }
+  std::vector<float> v(40);
+  std::vector<int8_t> q(40);
+  std::vector<float> dq(2);
+  EXPECT_THROW(cuda::launch_swiglu_q8(v.data(), v.data(), 40, {q.data(), dq.data()}, nullptr),
+               Error);
+  EXPECT_THROW(cuda::launch_rmsnorm(v.data(), v.data(), v.data(), 1, 40, 1e-5f, nullptr, nullptr,
+                                    {q.data(), dq.data()}),
+               Error);
 }
 
 // qmm_q8: against float64 of the exact weights times the CPU's quantized

@@ -275,10 +275,16 @@ class CudaBackend final : public Backend {
     after("embed");
   }
 
+  // A norm whose output a matmul reads on 8-bit activations writes that
+  // copy too, in the same launch (so does swiglu, for the down projection).
   void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t d) override {
     if (wrote_acts()) return;
-    launch_rmsnorm(x, vec(w), y, rows_, d, model_->config().norm_eps, nullptr, stream_);
+    auto it = norm_readers_.find(w.data());
+    const Q8Out q8 =
+        it != norm_readers_.end() && q8_read(it->second, rows_, d) ? q8_out() : Q8Out{};
+    launch_rmsnorm(x, vec(w), y, rows_, d, model_->config().norm_eps, nullptr, stream_, q8);
     after("rms_norm");
+    if (q8.xq) q8_holds(y, rows_, d);
   }
 
   void matmul(const WeightDesc& w, const float* x, float* y) override {
@@ -307,6 +313,7 @@ class CudaBackend final : public Backend {
   }
 
   void rope_kv(int64_t layer, float* q, float* k, const float* v) override {
+    layer_ = layer;
     if (wrote_acts()) return;
     launch_rope_kv(q, k, v, d_rows(), rows_, rope_, kv_view(layer), stream_);
     after("rope_kv");
@@ -327,6 +334,14 @@ class CudaBackend final : public Backend {
 
   void swiglu(float* gate, const float* up, int64_t n) override {
     if (wrote_acts()) return;
+    const int64_t k = model_->config().d_ff;
+    if (layer_ >= 0 && layer_ < static_cast<int64_t>(down_of_layer_.size()) && n == rows_ * k &&
+        q8_read({down_of_layer_[static_cast<size_t>(layer_)]}, rows_, k)) {
+      launch_swiglu_q8(gate, up, n, q8_out(), stream_);
+      after("swiglu");
+      q8_holds(gate, rows_, k);
+      return;
+    }
     launch_swiglu(gate, up, n, stream_);
     after("swiglu");
   }
@@ -441,6 +456,26 @@ class CudaBackend final : public Backend {
     q8_of_ = nullptr;
     return replay_;
   }
+  // Whether a matmul of `ids` on n rows of k takes qmm_q8 (run_matmul's rule).
+  bool q8_read(const std::vector<int64_t>& ids, int64_t n, int64_t k) const {
+    if (!q8_act_ || k % 32 != 0 || n > kQmmMaxTokens) return false;
+    for (int64_t id : ids) {
+      const DevWeight& w = weights_[static_cast<size_t>(id)];
+      if (w.k == k && qmm_q8_supported(w.type) &&
+          choose_matmul(w.type, n, qmm_max_) == MatmulPath::kQmm)
+        return true;
+    }
+    return false;
+  }
+  Q8Out q8_out() {
+    auto* xq = act_q8_.as<signed char>();
+    return {xq, reinterpret_cast<float*>(xq + q8_scales_at_)};
+  }
+  void q8_holds(const float* x, int64_t n, int64_t k) {
+    q8_of_ = x;
+    q8_n_ = n;
+    q8_k_ = k;
+  }
 
   void after(const char* op) {
     if (!sync_each_op_ || capturing_) return;
@@ -503,6 +538,12 @@ class CudaBackend final : public Backend {
   // writes any activation.
   const float* q8_of_ = nullptr;
   int64_t q8_n_ = 0, q8_k_ = 0;
+  // Weight ids of the matmuls that read each norm's output (by the norm
+  // vector's host address), and each layer's down projection; the layer of
+  // the op running (from rope_kv).
+  std::unordered_map<const float*, std::vector<int64_t>> norm_readers_;
+  std::vector<int64_t> down_of_layer_;
+  int64_t layer_ = -1;
   int64_t acts_rows_ = 0;
   int64_t off_tokens_ = 0, off_rows_ = 0, off_tiles_ = 0, off_logit_rows_ = 0, off_tables_ = 0;
   void* pinned_ = nullptr;
@@ -622,6 +663,15 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
   for (const LayerWeights& L : model.layers())
     for (const auto* v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv}) upload_vec(*v);
   upload_vec(model.output_norm());
+  // The matmuls that read each norm's output (and, by layer, swiglu's).
+  norm_readers_.clear();
+  down_of_layer_.clear();
+  for (const LayerWeights& L : model.layers()) {
+    norm_readers_[L.attn_norm.data()] = {L.wq.id, L.wk.id, L.wv.id};
+    norm_readers_[L.ffn_norm.data()] = {L.w_gate.id, L.w_up.id};
+    down_of_layer_.push_back(L.w_down.id);
+  }
+  norm_readers_[model.output_norm().data()] = {model.output().id};
 
   pool_ = static_cast<uint16_t*>(arena_.alloc(kv_bytes, "the KV cache"));
 
@@ -788,9 +838,7 @@ void CudaBackend::run_matmul(const DevWeight& w, const float* x, int64_t n, floa
     if (q8_of_ != x || q8_n_ != n || q8_k_ != w.k) {
       launch_quantize_q8(x, n, w.k, xq, xd, stream_);
       after("quantize q8");
-      q8_of_ = x;
-      q8_n_ = n;
-      q8_k_ = w.k;
+      q8_holds(x, n, w.k);
     }
     launch_qmm_q8(w.type, w.data, w.row_bytes, w.k, w.n_rows, w.scale, xq, xd, n, y, ldy, stream_,
                   ep);
@@ -853,9 +901,13 @@ void CudaBackend::logits(const float* x, float* host_logits) {
   if (!capturing_ && logits_.ensure(arena_, n_out * c.n_vocab * 4, "logits")) drop_graphs();
   if (!replay_) {
     q8_of_ = nullptr;
+    auto it = norm_readers_.find(model_->output_norm().data());
+    const Q8Out q8 =
+        it != norm_readers_.end() && q8_read(it->second, n_out, c.d_model) ? q8_out() : Q8Out{};
     launch_rmsnorm(x, vec(model_->output_norm()), xn, n_out, c.d_model, c.norm_eps, d_logit_rows(),
-                   stream_);
+                   stream_, q8);
     after("output rms_norm");
+    if (q8.xq) q8_holds(xn, n_out, c.d_model);
     run_matmul(weights_[static_cast<size_t>(model_->output().id)], xn, n_out, logits_.as<float>(),
                {});
   }
