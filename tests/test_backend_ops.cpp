@@ -508,8 +508,10 @@ TEST_P(CudaMatmul, EveryWidthBothPaths) {
         // The fused forms against the separate ops' arithmetic (one fp32
         // addition each, y + b and acc + y): the same bits from the skinny
         // kernels' epilogue and from add_bias after cuBLAS; cuBLAS's beta = 1
-        // for the residual add may round alpha * s + acc in one FMA.
-        if (&m.w == &L.wq) {
+        // for the residual add may round alpha * s + acc in one FMA. Under
+        // the sanitizers (slow) at one width.
+        const bool fused_checks = !test::sanitized() || width == 3;
+        if (fused_checks && &m.w == &L.wq) {
           be->to_device(be->act(m.in), x.data(), static_cast<int64_t>(x.size()));
           be->matmul_bias(m.w, be->act(m.in), be->act(m.out), L.bq);
           std::vector<float> yb(y.size()), want(y.size());
@@ -518,6 +520,7 @@ TEST_P(CudaMatmul, EveryWidthBothPaths) {
             want[i] = y[i] + L.bq[i % static_cast<size_t>(m.w.n_rows)];
           EXPECT_EQ(0, std::memcmp(yb.data(), want.data(), yb.size() * 4)) << "matmul_bias";
         }
+        if (!fused_checks) continue;
         std::vector<float> acc0(y.size()), ya(y.size()), want(y.size());
         for (float& v : acc0) v = nd(rng);
         for (size_t i = 0; i < y.size(); ++i) want[i] = acc0[i] + y[i];
