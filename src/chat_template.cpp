@@ -46,17 +46,29 @@ std::string default_system_prompt(std::string_view t) {
 }
 
 std::string apply_chat_template(ChatFamily f, const std::vector<ChatMessage>& messages,
-                                bool add_generation_prompt) {
+                                bool add_generation_prompt, std::vector<TextRange>* content) {
   std::string out;
+  if (content) content->clear();
+  // Appends a message's text, recording where it went.
+  auto text = [&out, content](const std::string& t) -> std::string& {
+    if (content && !t.empty()) content->push_back({out.size(), out.size() + t.size()});
+    return out += t;
+  };
   switch (f) {
     case ChatFamily::kChatML:
-      for (const auto& m : messages)
-        out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      for (const auto& m : messages) {
+        out += "<|im_start|>" + m.role + "\n";
+        text(m.content);
+        out += "<|im_end|>\n";
+      }
       if (add_generation_prompt) out += "<|im_start|>assistant\n";
       break;
     case ChatFamily::kLlama3:
-      for (const auto& m : messages)
-        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + m.content + "<|eot_id|>";
+      for (const auto& m : messages) {
+        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
+        text(m.content);
+        out += "<|eot_id|>";
+      }
       if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
       break;
     case ChatFamily::kGemma: {
@@ -68,23 +80,33 @@ std::string apply_chat_template(ChatFamily f, const std::vector<ChatMessage>& me
           continue;
         }
         const std::string role = m.role == "assistant" ? "model" : m.role;
-        out += "<start_of_turn>" + role + "\n" + (role == "user" ? system : "") + m.content +
-               "<end_of_turn>\n";
+        out += "<start_of_turn>" + role + "\n";
+        text((role == "user" ? system : "") + m.content);
+        out += "<end_of_turn>\n";
         if (role == "user") system.clear();
       }
       if (add_generation_prompt) out += "<start_of_turn>model\n";
       break;
     }
     case ChatFamily::kLlama2: {
-      std::string system;
+      std::optional<std::string> system;
       for (const auto& m : messages) {
         if (m.role == "system") {
-          system = "<<SYS>>\n" + m.content + "\n<</SYS>>\n\n";
+          system = m.content;
         } else if (m.role == "user") {
-          out += "[INST] " + system + m.content + " [/INST]";
-          system.clear();
+          out += "[INST] ";
+          if (system) {
+            out += "<<SYS>>\n";
+            text(*system);
+            out += "\n<</SYS>>\n\n";
+          }
+          text(m.content);
+          out += " [/INST]";
+          system.reset();
         } else {
-          out += " " + m.content + " </s>";
+          out += " ";
+          text(m.content);
+          out += " </s>";
         }
       }
       (void)add_generation_prompt;  // the open [INST] turn is the generation prompt

@@ -71,16 +71,17 @@ Scheduler::Scheduler(StepEngine& engine, SchedulerOptions opts)
 Scheduler::~Scheduler() {
   // The sequences' blocks go back to the engine (which outlives us).
   for (int id : running_) {
-    Sequence& s = *seqs_[static_cast<size_t>(id)];
+    Sequence& s = seq(id);
     if (s.kv >= 0 && engine_.blocks().exists(s.kv)) release(s, true);
   }
 }
 
 int Scheduler::submit(Request r) {
-  const int id = static_cast<int>(seqs_.size());
+  const int id = static_cast<int>(n_sequences());
   auto owned = std::make_unique<Sequence>(r);
   Sequence& s = *owned;
   seqs_.push_back(std::move(owned));
+  ++n_held_;
   s.id = id;
   s.req = std::move(r);
   s.tokens = s.req.prompt;
@@ -136,7 +137,7 @@ int Scheduler::submit(Request r) {
   // Preempted sequences stay at the front.
   auto pos = waiting_.end();
   while (pos != waiting_.begin()) {
-    const Sequence& w = *seqs_[static_cast<size_t>(*(pos - 1))];
+    const Sequence& w = seq(*(pos - 1));
     if (w.n_preemptions > 0 || w.req.arrival_s <= s.req.arrival_s) break;
     --pos;
   }
@@ -193,7 +194,7 @@ void Scheduler::preempt(Sequence& s) {
 }
 
 void Scheduler::cancel(int id) {
-  Sequence& s = *seqs_.at(static_cast<size_t>(id));
+  Sequence& s = seq(id);
   if (s.done()) return;
   if (s.status == SeqStatus::kWaiting) {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
@@ -205,13 +206,26 @@ void Scheduler::cancel(int id) {
 }
 
 void Scheduler::forget(int id) {
-  Sequence& s = *seqs_.at(static_cast<size_t>(id));
+  Sequence& s = seq(id);
   if (!s.done()) fail("internal: Scheduler::forget({}): the sequence is not done", id);
-  s.tokens = {};
-  s.req.prompt = {};
-  s.req.stop = {};
-  s.text = {};
-  s.decoder.reset();
+  // A finished member of a static batch keeps its slot until the batch ends.
+  if (std::find(running_.begin(), running_.end(), id) != running_.end())
+    fail("internal: Scheduler::forget({}): the sequence still holds a slot", id);
+  seqs_[static_cast<size_t>(id - base_)].reset();
+  --n_held_;
+  while (!seqs_.empty() && !seqs_.front()) {
+    seqs_.pop_front();
+    ++base_;
+  }
+}
+
+Sequence& Scheduler::seq(int id) const {
+  if (!has(id)) fail("internal: scheduler: no sequence {} (forgotten, or never submitted)", id);
+  return *seqs_[static_cast<size_t>(id - base_)];
+}
+
+bool Scheduler::has(int id) const {
+  return id >= base_ && id < n_sequences() && seqs_[static_cast<size_t>(id - base_)] != nullptr;
 }
 
 // Passes on_text the text that is final: everything when the sequence ends,
@@ -309,13 +323,13 @@ StepInfo Scheduler::step() {
   // Static: the batch ends when every member has finished.
   if (is_static && !running_.empty()) {
     bool all_done = true;
-    for (int id : running_) all_done = all_done && seqs_[static_cast<size_t>(id)]->done();
+    for (int id : running_) all_done = all_done && seq(id).done();
     if (all_done) {
       // The batch's results are delivered together, when its last member ends.
       double end = 0;
-      for (int id : running_) end = std::max(end, seqs_[static_cast<size_t>(id)]->t_finished);
+      for (int id : running_) end = std::max(end, seq(id).t_finished);
       for (int id : running_) {
-        Sequence& s = *seqs_[static_cast<size_t>(id)];
+        Sequence& s = seq(id);
         release(s, true);
         s.t_finished = end;
       }
@@ -335,7 +349,7 @@ StepInfo Scheduler::step() {
     work.clear();
     int64_t budget = budget_total;
     for (int id : running_) {  // decode rows and padding
-      Sequence& s = *seqs_[static_cast<size_t>(id)];
+      Sequence& s = seq(id);
       if (s.done()) {
         if (opts_.compute_padding && s.kv >= 0 && budget > 0) {
           work.push_back({&s, 1, true});
@@ -347,7 +361,7 @@ StepInfo Scheduler::step() {
       }
     }
     for (int id : running_) {  // prefill chunks, oldest first
-      Sequence& s = *seqs_[static_cast<size_t>(id)];
+      Sequence& s = seq(id);
       const int64_t left = static_cast<int64_t>(s.tokens.size()) - s.n_computed;
       if (s.done() || left <= 1 || budget <= 0) continue;
       const int64_t n = std::min(left, budget);
@@ -365,7 +379,7 @@ StepInfo Scheduler::step() {
     // stop being computed), then the youngest running sequence is preempted.
     Sequence* victim = nullptr;
     for (int id : running_) {
-      Sequence& s = *seqs_[static_cast<size_t>(id)];
+      Sequence& s = seq(id);
       if (s.done() && s.kv >= 0) {
         victim = &s;
         break;
@@ -375,12 +389,12 @@ StepInfo Scheduler::step() {
       release(*victim, true);  // its result is kept; it stays in the batch as a slot, uncomputed
     } else {
       for (int id : running_) {
-        Sequence& s = *seqs_[static_cast<size_t>(id)];
+        Sequence& s = seq(id);
         if (!s.done() && (!victim || s.admit_order > victim->admit_order)) victim = &s;
       }
       if (!victim) break;
       int64_t live = 0;
-      for (int id : running_) live += seqs_[static_cast<size_t>(id)]->done() ? 0 : 1;
+      for (int id : running_) live += seq(id).done() ? 0 : 1;
       if (live == 1) {
         // Alone and still too big: the pool holds no more of it.
         release(*victim, true);
@@ -400,7 +414,7 @@ StepInfo Scheduler::step() {
   for (const Work& w : work) planned += kv.blocks_needed(w.s->kv, w.n);
   const bool new_batch = running_.empty();
   while (!waiting_.empty() && static_cast<int>(running_.size()) < opts_.slots) {
-    Sequence& s = *seqs_[static_cast<size_t>(waiting_.front())];
+    Sequence& s = seq(waiting_.front());
     if (!admissible(s, new_batch)) break;
     if (!is_static && budget <= 0) break;
     int64_t hit = 0;
@@ -441,7 +455,7 @@ StepInfo Scheduler::step() {
   // Slots: a sequence still generating is busy; a finished member of a
   // static batch is padding, computed or not.
   int64_t busy = 0, padding_slots = 0;
-  for (int id : running_) (seqs_[static_cast<size_t>(id)]->done() ? padding_slots : busy) += 1;
+  for (int id : running_) (seq(id).done() ? padding_slots : busy) += 1;
   info.running = static_cast<int64_t>(running_.size());
 
   batch_.clear();
@@ -522,7 +536,7 @@ void Scheduler::run(const std::function<bool()>& keep_going) {
     // Nothing could run: the next request has not arrived yet.
     double next = -1;
     for (int id : waiting_) {
-      const double a = seqs_[static_cast<size_t>(id)]->req.arrival_s;
+      const double a = seq(id).req.arrival_s;
       if (next < 0 || a < next) next = a;
     }
     const double wait = next - now();

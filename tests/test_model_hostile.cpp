@@ -170,9 +170,17 @@ TEST(TokenizerHostile, BpeByteWithoutATokenIsWarnedAtLoad) {
   test::TempDir dir;
   const auto path = dir / "bpe.gguf";
   w.write(path);
-  const auto r = test::run_cli("tokenize -m " + path.string() + " --ids aqb");
+  // Said under -v only (a load of the default model would say it every run)...
+  const auto quiet = test::run_cli("tokenize -m " + path.string() + " --ids aqb");
+  EXPECT_EQ(quiet.status, 0) << quiet.err;
+  EXPECT_EQ(quiet.err.find("no token for"), std::string::npos) << quiet.err;
+  const auto r = test::run_cli("-v tokenize -m " + path.string() + " --ids aqb");
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("no token for 1 byte(s) (0x71)"), std::string::npos) << r.err;
+  // ... and always by inspect.
+  const auto ins = test::run_cli("inspect " + path.string());
+  EXPECT_NE(ins.out.find("1 byte value(s) have no token (0x71)"), std::string::npos)
+      << ins.out << ins.err;
   EXPECT_EQ(r.out.find("warn"), std::string::npos) << "logs go to stderr: " << r.out;
   EXPECT_EQ(r.out, "97 98\n");  // ids of "a" and "b" (token id = byte below 'q'); q is lost
 }

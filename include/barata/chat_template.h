@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "barata/tokenizer.h"  // TextRange
+
 namespace barata {
 
 enum class ChatFamily { kChatML, kLlama3, kGemma, kLlama2 };
@@ -27,8 +29,11 @@ std::string default_system_prompt(std::string_view jinja);
 // The conversation as text, ending with the assistant's turn opened when
 // add_generation_prompt. Special markers appear as text: encode with
 // parse_special. The BOS token is left to the tokenizer.
+// With `content`, the byte ranges of the messages' own text in the result
+// (for Tokenizer::encode's `literal`: special tokens are the template's alone).
 std::string apply_chat_template(ChatFamily f, const std::vector<ChatMessage>& messages,
-                                bool add_generation_prompt);
+                                bool add_generation_prompt,
+                                std::vector<TextRange>* content = nullptr);
 // One user message with the template's default system prompt (if any), the
 // assistant's turn opened.
 std::string single_turn_prompt(ChatFamily f, std::string_view jinja, std::string_view user);

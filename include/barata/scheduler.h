@@ -190,8 +190,9 @@ class Scheduler {
   // Sequences queued for a slot, and holding one.
   int64_t n_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t n_running() const { return static_cast<int64_t>(running_.size()); }
-  // Drops a finished sequence's tokens, text and decoder (a long-running
-  // server's memory stays bounded); its status, finish and counts stay.
+  // Frees a finished sequence whole (tokens, text, sampler, decoder), so that
+  // a long-running server's memory stays bounded; sequence(id) is then an
+  // error and has(id) false.
   void forget(int id);
 
   // Called after each generated token (the sequence's tokens include it).
@@ -207,8 +208,13 @@ class Scheduler {
   // (the sampler may change them afterwards); for --top-logits and the like.
   std::function<void(const Sequence&, std::span<const float> logits)> on_logits;
 
-  const Sequence& sequence(int id) const { return *seqs_.at(static_cast<size_t>(id)); }
-  int64_t n_sequences() const { return static_cast<int64_t>(seqs_.size()); }
+  // A submitted sequence not yet forgotten.
+  const Sequence& sequence(int id) const { return seq(id); }
+  bool has(int id) const;
+  // Sequences ever submitted: the next submit's id.
+  int64_t n_sequences() const { return base_ + static_cast<int64_t>(seqs_.size()); }
+  // Sequences held in memory (submitted, not yet forgotten).
+  int64_t n_held() const { return n_held_; }
   const SchedulerStats& stats() const { return stats_; }
   const SchedulerOptions& options() const { return opts_; }
   double now() const { return opts_.clock(); }
@@ -225,7 +231,10 @@ class Scheduler {
 
   StepEngine& engine_;
   SchedulerOptions opts_;
-  std::vector<std::unique_ptr<Sequence>> seqs_;
+  Sequence& seq(int id) const;
+  // Ids base_.. ; a forgotten one is null, and the forgotten front is dropped.
+  std::deque<std::unique_ptr<Sequence>> seqs_;
+  int64_t base_ = 0, n_held_ = 0;
   std::deque<int> waiting_;   // ids, front first
   std::vector<int> running_;  // ids holding slots, admission order
   SchedulerStats stats_;

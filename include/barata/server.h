@@ -35,6 +35,13 @@ struct ServerOptions {
   size_t max_body_bytes = 1 << 20;    // larger bodies get 413
   double drain_grace_s = 30;          // SIGTERM: running requests get this long, then are cancelled
   int http_threads = 0;               // 0: 64 + slots + max_queue
+  int max_connections = 1024;         // open connections; beyond: 503 (idle ones closed first)
+  double head_timeout_s = 10;         // a request's head must arrive whole within this
+  std::string cors_origin;            // Access-Control-Allow-Origin; empty: no CORS headers
+  std::string log_format = "text";    // one line per request on stderr: text, json, off
+  // Special-token text inside chat messages is parsed as special tokens
+  // (off: a client's text is text; only the template's markup makes them).
+  bool allow_special_in_content = false;
   // SO_SNDBUF of every connection (set on the listening socket, which the
   // accepted ones inherit); 0: the system's, autotuned.
   int socket_send_buffer = 0;

@@ -47,6 +47,11 @@ namespace tok {
 struct Vocab;
 }
 
+// Bytes [begin, end) of a text.
+struct TextRange {
+  size_t begin = 0, end = 0;
+};
+
 class Tokenizer {
  public:
   // Reads tokens, scores, token types, merges, special ids and flags. Throws
@@ -61,6 +66,11 @@ class Tokenizer {
   // Text to ids. `add_bos` prepends bos_id() (callers usually pass
   // add_bos_default()); no EOS is ever appended. Empty text gives [] or [bos].
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const;
+  // The same, except that no special token is found where it would overlap
+  // one of the `literal` ranges (sorted, disjoint): text a client typed stays
+  // text inside a template whose markup is parsed (barata serve's chat).
+  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special,
+                              std::span<const TextRange> literal) const;
 
   // The bytes one token stands for: byte tokens give their byte, SentencePiece
   // '▁' gives ' ', BPE pieces are mapped back through the byte-to-unicode
@@ -79,6 +89,9 @@ class Tokenizer {
   std::string decode(std::span<const int32_t> ids, bool render_special = true) const;
 
   int32_t n_vocab() const;
+  // Byte values no token stands for (BPE vocabularies only): text holding
+  // them is encoded with the unknown token, or without them.
+  std::vector<int> bytes_without_token() const;
   int32_t bos_id() const;  // -1 when the vocabulary has none
   int32_t eos_id() const;  // -1 when the vocabulary has none
   // tokenizer.ggml.add_bos_token; when absent llama.cpp's default: true for

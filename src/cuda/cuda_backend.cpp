@@ -942,3 +942,12 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opts) {
 }
 
 }  // namespace barata
+
+#ifndef BARATA_CUDA_EMU
+// The module's entry (src/backend.cpp loads it with dlopen). Errors are
+// thrown as barata::Error, whose type the module shares with the executable.
+extern "C" __attribute__((visibility("default"))) barata::Backend* barata_cuda_backend_create(
+    const barata::BackendOptions* opts) {
+  return barata::make_cuda_backend(*opts).release();
+}
+#endif

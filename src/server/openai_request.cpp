@@ -6,6 +6,8 @@
 
 #include <fmt/core.h>
 
+#include "safe_text.h"
+
 namespace barata::openai {
 
 json error_body(const ApiError& e) {
@@ -18,6 +20,23 @@ json error_body(const ApiError& e) {
 [[noreturn]] void bad_request(std::string message, std::string param, std::string code) {
   throw ApiError{400, std::move(message), "invalid_request_error", std::move(param),
                  std::move(code)};
+}
+
+// The request body as JSON, or a 400 naming what is wrong with it. No
+// recursion depends on the client: the nesting is measured by a flat scan
+// first, and a body nested deeper than kMaxJsonDepth is refused unparsed.
+json parse_body(const std::string& text) {
+  constexpr size_t kMaxJsonDepth = 64;
+  if (const size_t nul = text.find('\0'); nul != std::string::npos)
+    bad_request(fmt::format("the body holds a NUL byte at offset {}", nul));
+  if (net::json_depth(text, kMaxJsonDepth) > kMaxJsonDepth)
+    bad_request(
+        fmt::format("the body nests arrays and objects deeper than {} levels", kMaxJsonDepth));
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    bad_request(fmt::format("the body is not valid JSON: {}", net::printable(e.what())));
+  }
 }
 
 const json& field(const json& body, const char* name) {
@@ -59,14 +78,19 @@ bool boolean(const json& body, const char* name, bool dflt) {
 void only_default(const json& body, const char* name, const json& dflt) {
   const json& v = field(body, name);
   if (!v.is_null() && v != dflt)
-    bad_request(fmt::format("'{}' = {} is not supported (only {})", name, v.dump(), dflt.dump()),
-                name);
+    bad_request(
+        fmt::format("'{}' = {} is not supported (only {})", name,
+                    net::printable(v.dump(-1, ' ', false, json::error_handler_t::replace), 80),
+                    dflt.dump()),
+        name);
 }
 
 void check_known(const json& body, const std::vector<std::string>& known) {
   for (auto it = body.begin(); it != body.end(); ++it)
     if (std::find(known.begin(), known.end(), it.key()) == known.end())
-      bad_request(fmt::format("Unrecognized request argument supplied: {}", it.key()), it.key());
+      bad_request(
+          fmt::format("Unrecognized request argument supplied: {}", net::printable(it.key(), 80)),
+          net::printable(it.key(), 80));
 }
 
 std::vector<std::string> parse_stop(const json& body) {
@@ -123,13 +147,13 @@ std::vector<ChatMessage> parse_messages(const json& body) {
     std::string r = role.get<std::string>();
     if (r == "developer") r = "system";
     if (r != "system" && r != "user" && r != "assistant")
-      bad_request(
-          fmt::format("{}.role '{}' is not one of system, developer, user, assistant", param, r),
-          param + ".role");
+      bad_request(fmt::format("{}.role '{}' is not one of system, developer, user, assistant",
+                              param, net::printable(r, 40)),
+                  param + ".role");
     for (auto it = m.begin(); it != m.end(); ++it)
       if (it.key() != "role" && it.key() != "content" && it.key() != "name")
-        bad_request(fmt::format("{}: unsupported field '{}'", param, it.key()),
-                    param + "." + it.key());
+        bad_request(fmt::format("{}: unsupported field '{}'", param, net::printable(it.key(), 80)),
+                    param + "." + net::printable(it.key(), 80));
     out.push_back({r, message_content(field(m, "content"), i)});
   }
   return out;

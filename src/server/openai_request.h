@@ -25,6 +25,11 @@ json error_body(const ApiError& e);
 // Throws a 400 invalid_request_error.
 [[noreturn]] void bad_request(std::string message, std::string param = "", std::string code = "");
 
+// A request body as JSON, or bad_request naming what is wrong with it: a NUL
+// byte, nesting deeper than 64 (measured by a flat scan before parsing, so no
+// recursion depends on the client), invalid JSON or UTF-8.
+json parse_body(const std::string& text);
+
 // A field of `body`, null when absent.
 const json& field(const json& body, const char* name);
 // Typed fields, nullopt when absent or null; a wrong type or a value out of

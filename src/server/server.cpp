@@ -27,8 +27,9 @@
 #include "barata/error.h"
 #include "barata/scheduler.h"
 #include "barata/tokenizer.h"
-#include "listen_socket.h"
+#include "http_front.h"
 #include "openai_request.h"
+#include "safe_text.h"
 
 namespace barata {
 
@@ -47,8 +48,32 @@ double seconds_since(Clock::time_point t0) {
 
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
-  res.set_content(error_body(e).dump(), "application/json");
+  // Messages are printable already (net::printable); replace is the second guard.
+  res.set_content(error_body(e).dump(-1, ' ', false, json::error_handler_t::replace),
+                  "application/json");
 }
+
+// The metrics' path label: one of the routes, else "other" (a client cannot
+// add series or lines).
+const std::string& route_label(const std::string& path) {
+  static const std::vector<std::string> kRoutes = {
+      "/",        "/index.html", "/favicon.ico",         "/health",
+      "/metrics", "/v1/models",  "/v1/chat/completions", "/v1/completions"};
+  static const std::string kOther = "other";
+  for (const std::string& r : kRoutes)
+    if (r == path) return r;
+  return kOther;
+}
+
+// What the request log line says of a request, gathered on the thread that
+// answers it (the router, its handler and a stream's writer share it).
+struct RequestRecord {
+  Clock::time_point start;
+  bool started = false;
+  int64_t prompt_tokens = -1, completion_tokens = -1;
+  double ttft_s = -1;
+};
+thread_local RequestRecord tl_record;
 
 // ---- Prometheus histogram ----------------------------------------------------------
 
@@ -105,6 +130,7 @@ struct Job {
   FinishReason finish = FinishReason::kNone;
   std::string error;
   int64_t prompt_tokens = 0, completion_tokens = 0;
+  double ttft_s = -1;  // arrival to the first token
   std::atomic<bool> cancelled{false};
   int seq = -1;  // the scheduler's id (engine thread only)
 };
@@ -128,9 +154,10 @@ const char* openai_finish(FinishReason r) {
 
 struct Server::Impl {
   ServerOptions o;
-  httplib::Server http;
-  std::thread http_thread;
+  net::Routes http;
+  std::unique_ptr<net::Front> front;  // after `http`, which it calls: destroyed first
   int port = -1;
+  std::mutex log_m;
   Clock::time_point t0 = Clock::now();
 
   // Set by serve().
@@ -148,7 +175,9 @@ struct Server::Impl {
   std::condition_variable inbox_cv;
   std::deque<std::shared_ptr<Job>> inbox;
   std::vector<std::shared_ptr<Job>> to_cancel;
-  int64_t waiting_published = 0;  // the scheduler's queue, after the last step (inbox_m)
+  // Requests handed to the engine and not yet finished (inbox_m): queued in
+  // the inbox, waiting in the scheduler or running.
+  int64_t in_flight = 0;
   std::atomic<int64_t> next_id{1};
   // Streaming responses not yet written to their end: the drain waits for
   // them before the listener stops (stopping ends a stream mid-chunk).
@@ -167,11 +196,15 @@ struct Server::Impl {
 
   void count(const std::string& endpoint, int status) {
     std::lock_guard<std::mutex> l(metrics_m);
-    ++http_requests[{endpoint, status}];
+    ++http_requests[{route_label(endpoint), status}];
     if (status == 429) ++rejected_429;
   }
+  // One line per request on stderr (--log-format text|json).
+  void log_request(const std::string& method, const std::string& target, int status,
+                   const std::string& peer, const RequestRecord& r, const std::string& error);
 
   // Seconds until a place in the queue frees, from the recent drain rate.
+  // `queued`: requests waiting beyond the slots.
   int retry_after_s(int64_t queued) {
     std::lock_guard<std::mutex> l(metrics_m);
     if (completions.size() < 2) return 1;
@@ -206,22 +239,38 @@ struct Server::Impl {
 
 void Server::Impl::setup_routes() {
   const int threads = o.http_threads > 0 ? o.http_threads : 64 + o.slots + o.max_queue;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  net::FrontOptions fo;
+  fo.max_body_bytes = o.max_body_bytes;
+  fo.head_timeout_s = o.head_timeout_s;
+  fo.max_connections = o.max_connections;
+  fo.workers = threads;
+  front = std::make_unique<net::Front>(
+      http, fo,
+      [this](int status, const std::string& method, const std::string& target,
+             const std::string& message) {
+        count("", status);
+        log_request(method, target, status, "", RequestRecord{}, message);
+      });
   http.set_payload_max_length(o.max_body_bytes);
-  // httplib's default adds SO_REUSEPORT, which lets a second server share the
-  // port; SO_REUSEADDR alone (restart over TIME_WAIT) is what a server wants.
-  const int sndbuf = o.socket_send_buffer;
-  http.set_socket_options([sndbuf](int sock) {
-    const int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    if (sndbuf > 0) setsockopt(sock, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
-  });
-  http.set_keep_alive_timeout(5);
-  http.set_read_timeout(30);
-  http.set_write_timeout(30);
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    const bool open = req.path == "/" || req.path == "/health" || req.path == "/index.html";
+    tl_record = RequestRecord{};
+    tl_record.start = Clock::now();
+    tl_record.started = true;
+    if (!o.cors_origin.empty()) {
+      res.set_header("Access-Control-Allow-Origin", o.cors_origin);
+      if (o.cors_origin != "*") res.set_header("Vary", "Origin");
+      if (req.method == "OPTIONS") {  // a CORS preflight
+        res.status = 204;
+        res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        res.set_header("Access-Control-Max-Age", "600");
+        count(req.path, 204);
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    const bool open = req.path == "/" || req.path == "/health" || req.path == "/index.html" ||
+                      req.path == "/favicon.ico";
     if (!open && !authorized(req)) {
       send_error(
           res,
@@ -234,12 +283,15 @@ void Server::Impl::setup_routes() {
     return httplib::Server::HandlerResponse::Unhandled;
   });
   // Every status >= 400 passes here; fill in a body where a handler did not
-  // (404, 405, httplib's own 400 and 413).
+  // (404, 405, httplib's own 400 and 413). Client bytes go through
+  // net::printable: this runs outside httplib's try block.
   http.set_error_handler(httplib::Server::HandlerWithResponse(
       [this](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        std::string msg = fmt::format("HTTP {} for {} {}", res.status, req.method, req.path);
-        if (res.status == 404) msg = fmt::format("no route {} {}", req.method, req.path);
+        const std::string method = net::printable(req.method, 32);
+        const std::string path = net::printable(req.path, 200);
+        std::string msg = fmt::format("HTTP {} for {} {}", res.status, method, path);
+        if (res.status == 404) msg = fmt::format("no route {} {}", method, path);
         if (res.status == 413)
           msg = fmt::format("the request body exceeds {} bytes", o.max_body_bytes);
         const int status = res.status;
@@ -253,13 +305,31 @@ void Server::Impl::setup_routes() {
         try {
           std::rethrow_exception(ep);
         } catch (const std::exception& e) {
-          what = e.what();
+          what = net::printable(e.what());
         } catch (...) {
         }
         send_error(res, {500, what, "server_error", "", ""});
         count(req.path, 500);
       });
+  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    std::string error;
+    if (res.status >= 400) {
+      try {
+        const json b = json::parse(res.body);
+        error = b.at("error").at("message").get<std::string>();
+      } catch (const std::exception&) {
+      }
+    }
+    log_request(req.method, req.target, res.status,
+                fmt::format("{}:{}", req.remote_addr, req.remote_port), tl_record, error);
+    tl_record = RequestRecord{};
+  });
 
+  http.Get("/favicon.ico", [this](const httplib::Request& req, httplib::Response& res) {
+    res.status = 204;  // no icon; a browser asks on every page load
+    res.set_header("Cache-Control", "max-age=86400");
+    count(req.path, 204);
+  });
   http.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
     if (!ready) {
       res.status = 503;
@@ -339,8 +409,9 @@ std::shared_ptr<Job> Server::Impl::parse_job(const json& body, Kind kind) {
     if (!so.is_object()) bad_request("'stream_options' must be an object", "stream_options");
     for (auto it = so.begin(); it != so.end(); ++it)
       if (it.key() != "include_usage")
-        bad_request(fmt::format("stream_options: unsupported field '{}'", it.key()),
-                    "stream_options");
+        bad_request(
+            fmt::format("stream_options: unsupported field '{}'", net::printable(it.key(), 80)),
+            "stream_options");
     job->include_usage = boolean(so, "include_usage", false);
   }
   only_default(body, "n", 1);
@@ -401,7 +472,13 @@ std::shared_ptr<Job> Server::Impl::parse_job(const json& body, Kind kind) {
                                         [](const ChatMessage& m) { return m.role == "system"; });
     if (!has_system && !o.default_system.empty())
       msgs.insert(msgs.begin(), ChatMessage{"system", o.default_system});
-    job->req.prompt = tok->encode(apply_chat_template(*o.chat_family, msgs, true), bos, true);
+    // The template's markup is parsed for special tokens; the messages' text
+    // is text (a "<|im_end|>" typed by a client is not a control token)
+    // unless --allow-special-in-content.
+    std::vector<TextRange> content;
+    const std::string text = apply_chat_template(*o.chat_family, msgs, true, &content);
+    if (o.allow_special_in_content) content.clear();
+    job->req.prompt = tok->encode(text, bos, true, content);
   } else {
     const json& p = field(body, "prompt");
     if (p.is_string()) {
@@ -476,6 +553,47 @@ std::string sse(const json& j) {
 
 }  // namespace
 
+void Server::Impl::log_request(const std::string& method, const std::string& target, int status,
+                               const std::string& peer, const RequestRecord& r,
+                               const std::string& error) {
+  if (o.log_format == "off") return;
+  const double ms = r.started ? seconds_since(r.start) * 1000 : 0;
+  const auto now = std::chrono::system_clock::now();
+  const auto t = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch());
+  std::string line;
+  if (o.log_format == "json") {
+    json j = {{"ts", static_cast<double>(t.count()) / 1000},
+              {"event", "request"},
+              {"method", net::printable(method, 32)},
+              {"path", net::printable(target, 200)},
+              {"status", status},
+              {"duration_ms", std::round(ms * 10) / 10}};
+    if (!peer.empty()) j["peer"] = peer;
+    if (r.prompt_tokens >= 0) j["prompt_tokens"] = r.prompt_tokens;
+    if (r.completion_tokens >= 0) j["completion_tokens"] = r.completion_tokens;
+    if (r.ttft_s >= 0) j["ttft_ms"] = std::round(r.ttft_s * 10000) / 10;
+    if (!error.empty()) j["error"] = net::printable(error, 200);
+    line = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  } else {
+    // key=value, values without spaces except the quoted error.
+    auto dash = [](const std::string& v) { return v.empty() ? std::string("-") : v; };
+    line = fmt::format(
+        "request method={} path={} status={} prompt_tokens={} completion_tokens={} "
+        "ttft_ms={} duration_ms={:.1f} peer={}",
+        dash(net::printable(method, 32)), dash(net::printable(target, 200)), status,
+        r.prompt_tokens >= 0 ? std::to_string(r.prompt_tokens) : "-",
+        r.completion_tokens >= 0 ? std::to_string(r.completion_tokens) : "-",
+        r.ttft_s >= 0 ? fmt::format("{:.1f}", r.ttft_s * 1000) : "-", ms, dash(peer));
+    if (!error.empty()) {
+      std::string e = net::printable(error, 200);
+      std::replace(e.begin(), e.end(), '"', '\'');
+      line += fmt::format(" error=\"{}\"", e);
+    }
+  }
+  std::lock_guard<std::mutex> l(log_m);
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+
 void Server::Impl::handle_generate(const httplib::Request& req, httplib::Response& res, Kind kind) {
   const std::string endpoint = req.path;
   std::shared_ptr<Job> job;
@@ -485,13 +603,9 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
       throw ApiError{503, "the server is shutting down", "server_error", "", "shutting_down"};
     const std::string& ct = req.get_header_value("Content-Type");
     if (!ct.empty() && ct.find("application/json") == std::string::npos)
-      bad_request(fmt::format("Content-Type must be application/json, not '{}'", ct));
-    json body;
-    try {
-      body = json::parse(req.body);
-    } catch (const json::parse_error& e) {
-      bad_request(fmt::format("the body is not valid JSON: {}", e.what()));
-    }
+      bad_request(
+          fmt::format("Content-Type must be application/json, not '{}'", net::printable(ct, 80)));
+    const json body = parse_body(req.body);
     job = parse_job(body, kind);
     job->t_arrival = Clock::now();
     {
@@ -500,16 +614,19 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
       // after the signal, and a job queued later would never be answered.
       if (!accepting)
         throw ApiError{503, "the server is shutting down", "server_error", "", "shutting_down"};
-      const int64_t queued = waiting_published + static_cast<int64_t>(inbox.size());
-      if (queued >= o.max_queue) {
+      // Refused only when every slot and every queue place is taken.
+      if (in_flight >= o.slots + o.max_queue) {
+        const int64_t queued = in_flight - o.slots;
         const int retry = retry_after_s(queued);
         res.set_header("Retry-After", std::to_string(retry));
         throw ApiError{429,
-                       fmt::format("{} requests are waiting for a slot (at most {}); retry in {} s",
-                                   queued, o.max_queue, retry),
+                       fmt::format("{} slots are busy and {} requests are waiting (at most {}); "
+                                   "retry in {} s",
+                                   o.slots, queued, o.max_queue, retry),
                        "rate_limit_error", "", "queue_full"};
       }
       inbox.push_back(job);
+      ++in_flight;
     }
     inbox_cv.notify_all();
   } catch (const ApiError& e) {
@@ -517,7 +634,11 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     count(endpoint, e.status);
     return;
   } catch (const json::exception& e) {
-    send_error(res, {400, e.what(), "invalid_request_error", "", ""});
+    send_error(res, {400, net::printable(e.what()), "invalid_request_error", "", ""});
+    count(endpoint, 400);
+    return;
+  } catch (const Error& e) {  // the tokenizer's limits and the like
+    send_error(res, {400, net::printable(e.what()), "invalid_request_error", "", ""});
     count(endpoint, 400);
     return;
   }
@@ -534,6 +655,9 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
   if (!job->stream) {
     std::unique_lock<std::mutex> l(job->m);
     job->cv.wait(l, [&] { return job->done; });
+    tl_record.prompt_tokens = job->prompt_tokens;
+    tl_record.completion_tokens = job->completion_tokens;
+    tl_record.ttft_s = job->ttft_s;
     if (job->finish == FinishReason::kError || job->finish == FinishReason::kCancelled) {
       const bool draining = job->finish == FinishReason::kCancelled;
       const ApiError e = draining ? ApiError{503, "cancelled: the server is shutting down",
@@ -579,6 +703,11 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
                            [&] { return job->done || !job->pending.empty(); });
           text.swap(job->pending);
           done = job->done;
+          if (done) {
+            tl_record.prompt_tokens = job->prompt_tokens;
+            tl_record.completion_tokens = job->completion_tokens;
+            tl_record.ttft_s = job->ttft_s;
+          }
         }
         if (!sink.is_writable()) {
           cancel(job);
@@ -650,6 +779,8 @@ std::string Server::Impl::metrics_text() {
   gauge("barata_queue_depth", "Requests waiting for a slot", "gauge", queue_depth);
   gauge("barata_slots_in_use", "Slots holding a sequence", "gauge", slots_in_use);
   gauge("barata_slots_total", "Slots", "gauge", o.slots);
+  gauge("barata_http_connections", "Open client connections", "gauge",
+        front ? front->connections() : 0);
   gauge("barata_kv_blocks_used", "KV blocks held by sequences", "gauge", kv_used);
   gauge("barata_kv_blocks_free", "KV blocks free (cached prefix blocks included)", "gauge",
         kv_total - kv_used);
@@ -687,7 +818,11 @@ void Server::Impl::engine_loop() {
     int64_t prompt_tokens, completion_tokens;
   };
   std::vector<Ending> endings;
-  auto tell_endings = [&endings] {
+  auto tell_endings = [this, &endings] {
+    if (!endings.empty()) {
+      std::lock_guard<std::mutex> l(inbox_m);
+      in_flight -= static_cast<int64_t>(endings.size());
+    }
     for (Ending& e : endings) {
       {
         std::lock_guard<std::mutex> l(e.job->m);
@@ -715,8 +850,13 @@ void Server::Impl::engine_loop() {
     if (s.output().size() != 1) return;
     auto it = live.find(s.id);
     if (it == live.end()) return;
+    const double t = seconds_since(it->second->t_arrival);
+    {
+      std::lock_guard<std::mutex> l(it->second->m);
+      it->second->ttft_s = t;
+    }
     std::lock_guard<std::mutex> l(metrics_m);
-    ttft.observe(seconds_since(it->second->t_arrival));
+    ttft.observe(t);
   };
   sch.on_finish = [this, &live, &to_forget, &endings](const Sequence& s) {
     to_forget.push_back(s.id);
@@ -739,7 +879,11 @@ void Server::Impl::engine_loop() {
                        s.status == SeqStatus::kFailed ? FinishReason::kError : s.finish, s.error,
                        s.n_prompt, static_cast<int64_t>(s.output().size())});
   };
-  auto finish_unsubmitted = [](const std::shared_ptr<Job>& j, FinishReason r) {
+  auto finish_unsubmitted = [this](const std::shared_ptr<Job>& j, FinishReason r) {
+    {
+      std::lock_guard<std::mutex> l(inbox_m);
+      --in_flight;
+    }
     {
       std::lock_guard<std::mutex> l(j->m);
       j->done = true;
@@ -805,11 +949,13 @@ void Server::Impl::engine_loop() {
       if (got != id) fail("internal: the scheduler numbered a request {} instead of {}", got, id);
     }
     for (auto& j : cancels)
-      if (j->seq >= 0 && !sch.sequence(j->seq).done()) sch.cancel(j->seq);
+      if (j->seq >= 0 && sch.has(j->seq) && !sch.sequence(j->seq).done()) sch.cancel(j->seq);
     if (drain_deadline >= 0 && !cancelled_all && seconds_since(t0) >= drain_deadline) {
       cancelled_all = true;
-      for (int64_t i = 0; i < sch.n_sequences(); ++i)
-        if (!sch.sequence(static_cast<int>(i)).done()) sch.cancel(static_cast<int>(i));
+      std::vector<int> ids;  // cancel() finishes, and on_finish erases from `live`
+      for (const auto& [id, job] : live) ids.push_back(id);
+      for (int id : ids)
+        if (sch.has(id) && !sch.sequence(id).done()) sch.cancel(id);
     }
     if (!sch.idle()) {
       try {
@@ -817,18 +963,16 @@ void Server::Impl::engine_loop() {
       } catch (const std::exception& e) {
         // An engine failure fails every request in flight; the server goes on.
         spdlog::error("serve: a step failed: {}", e.what());
-        for (int64_t i = 0; i < sch.n_sequences(); ++i)
-          if (!sch.sequence(static_cast<int>(i)).done()) sch.cancel(static_cast<int>(i));
+        std::vector<int> ids;
+        for (const auto& [id, job] : live) ids.push_back(id);
+        for (int id : ids)
+          if (sch.has(id) && !sch.sequence(id).done()) sch.cancel(id);
       }
     }
     for (int id : to_forget) sch.forget(id);
     to_forget.clear();
     publish();
     tell_endings();
-    {
-      std::lock_guard<std::mutex> l(inbox_m);
-      waiting_published = sch.n_waiting();
-    }
     if (drain_deadline >= 0 && sch.idle()) {
       std::lock_guard<std::mutex> l(inbox_m);
       if (inbox.empty()) break;
@@ -843,8 +987,7 @@ Server::Server(ServerOptions o) : impl_(std::make_unique<Impl>(std::move(o))) {
 }
 
 Server::~Server() {
-  if (impl_->http.is_running()) impl_->http.stop();
-  if (impl_->http_thread.joinable()) impl_->http_thread.join();
+  if (impl_->front) impl_->front->stop();
 }
 
 int Server::listen() {
@@ -852,20 +995,8 @@ int Server::listen() {
   // A client gone mid-write must not kill the process.
   std::signal(SIGPIPE, SIG_IGN);
   m.setup_routes();
-  if (m.o.port != 0) {
-    const std::string why = net::port_in_use(m.o.host, m.o.port);
-    if (!why.empty()) fail("serve: cannot listen on {}:{}: {}", m.o.host, m.o.port, why);
-  }
-  if (m.o.port == 0) {
-    m.port = m.http.bind_to_any_port(m.o.host);
-  } else {
-    m.port = m.http.bind_to_port(m.o.host, m.o.port) ? m.o.port : -1;
-  }
-  if (m.port < 0)
-    fail("serve: cannot listen on {}:{} (in use, or not an address of this machine)", m.o.host,
-         m.o.port);
-  net::raise_backlog(m.port);
-  m.http_thread = std::thread([&m] { m.http.listen_after_bind(); });
+  m.port = m.front->bind(m.o.host, m.o.port, m.o.socket_send_buffer);
+  m.front->start();
   return m.port;
 }
 
@@ -881,8 +1012,7 @@ void Server::serve(Engine& engine, const Tokenizer& tok) {
   // Every request is done; let the streams write their last events.
   for (int i = 0; i < 500 && m.open_streams > 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  m.http.stop();
-  if (m.http_thread.joinable()) m.http_thread.join();
+  m.front->stop();
 }
 
 void Server::set_chat(std::optional<ChatFamily> family, std::string default_system) {

@@ -48,10 +48,19 @@ std::vector<int32_t> present_specials(const Vocab& v, std::string_view text, boo
 
 // Splits every text fragment at each occurrence of one special token, left to
 // right, dropping the whitespace its lstrip/rstrip attributes ask for.
+// True when [b, e) overlaps one of the sorted, disjoint ranges.
+bool overlaps(std::span<const TextRange> ranges, size_t b, size_t e) {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), b,
+                             [](size_t x, const TextRange& r) { return x < r.end; });
+  return it != ranges.end() && it->begin < e;
+}
+
 void split_on(const Vocab& v, std::string_view text, int32_t id, std::vector<Fragment>& frags,
-              std::vector<Fragment>& scratch) {
+              std::vector<Fragment>& scratch, std::span<const TextRange> literal) {
   const std::string& tok = v.tokens[id].text;
   const uint32_t attr = v.tokens[id].attr;
+  // Only the tokens parse_special governs; user-defined ones split as ever.
+  const bool guarded = !literal.empty() && (attr & (kAttrControl | kAttrUnknown)) != 0;
   scratch.clear();
   for (const Fragment& f : frags) {
     if (f.token >= 0) {
@@ -59,9 +68,15 @@ void split_on(const Vocab& v, std::string_view text, int32_t id, std::vector<Fra
       continue;
     }
     size_t off = f.off, len = f.len;
+    size_t from = 0;  // where to look next, relative to off
     while (len > 0) {
-      const size_t rel = text.substr(off, len).find(tok);
+      const size_t rel = text.substr(off, len).find(tok, from);
       if (rel == std::string_view::npos) break;
+      if (guarded && overlaps(literal, off + rel, off + rel + tok.size())) {
+        from = rel + 1;  // text, not a token: look past it
+        continue;
+      }
+      from = 0;
       size_t left = rel;
       if (attr & kAttrLstrip)
         while (left > 0 && is_c_space(text[off + left - 1])) --left;
@@ -77,7 +92,8 @@ void split_on(const Vocab& v, std::string_view text, int32_t id, std::vector<Fra
   std::swap(frags, scratch);
 }
 
-std::vector<Fragment> partition(const Vocab& v, std::string_view text, bool parse_special) {
+std::vector<Fragment> partition(const Vocab& v, std::string_view text, bool parse_special,
+                                std::span<const TextRange> literal) {
   std::vector<Fragment> frags, scratch;
   if (text.empty()) return frags;
   frags.push_back({-1, 0, text.size()});
@@ -85,7 +101,7 @@ std::vector<Fragment> partition(const Vocab& v, std::string_view text, bool pars
   if (present.empty()) return frags;
   for (int32_t id : v.special_tokens)  // longest first
     if (std::binary_search(present.begin(), present.end(), id))
-      split_on(v, text, id, frags, scratch);
+      split_on(v, text, id, frags, scratch, literal);
   return frags;
 }
 
@@ -94,6 +110,11 @@ std::vector<Fragment> partition(const Vocab& v, std::string_view text, bool pars
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
                                        bool parse_special) const {
+  return encode(text, add_bos, parse_special, {});
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special,
+                                       std::span<const TextRange> literal) const {
   using namespace tok;
   const Vocab& v = *v_;
   if (text.size() > static_cast<size_t>(INT32_MAX))  // symbol offsets are 32-bit
@@ -104,7 +125,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
     if (v.bos < 0) fail("tokenizer: BOS requested but the vocabulary has no BOS token");
     out.push_back(v.bos);
   }
-  const std::vector<Fragment> frags = partition(v, text, parse_special);
+  const std::vector<Fragment> frags = partition(v, text, parse_special, literal);
   bool prev_special = true;  // SPM: the text at the start counts as after a special token
   std::string buf;
   for (const Fragment& f : frags) {

@@ -177,7 +177,9 @@ int run(BenchArgs& a) {
     s.batch_cached = n_ctx - 1;
   }
   const std::vector<int32_t> prompt = cache_prompt(model);
-  const int64_t max_t = n_ctx - static_cast<int64_t>(prompt.size()) + 1;
+  // The no-cache run feeds the prompt and all but the last generated token
+  // as one prompt, which must leave a position for its reply.
+  const int64_t max_t = n_ctx - static_cast<int64_t>(prompt.size());
   if (wants(a, "cache") && max_t < 1) fail("the cache test's prompt fills {}", ctx);
   if (s.n_generate > max_t) {
     notices(wants(a, "cache"))
@@ -275,12 +277,22 @@ int run(BenchArgs& a) {
   std::fflush(stdout);
   if (!a.plot_dir.empty()) {
     std::error_code ec;
+    const bool existed = fs::exists(a.plot_dir, ec);
     fs::create_directories(a.plot_dir, ec);
     if (ec) fail("{}: cannot create the plot directory: {}", a.plot_dir, ec.message());
-    for (const auto& [name, chart] : bench::report_charts(rep)) {
-      const fs::path file = fs::path(a.plot_dir) / name;
-      write_file_atomically(file, bench::to_svg(chart));  // whole or absent, never truncated
-      fmt::print(stderr, "wrote {}\n", file.string());
+    std::vector<fs::path> written;
+    try {
+      for (const auto& [name, chart] : bench::report_charts(rep)) {
+        const fs::path file = fs::path(a.plot_dir) / name;
+        write_file_atomically(file, bench::to_svg(chart));  // whole or absent, never truncated
+        written.push_back(file);
+        fmt::print(stderr, "wrote {}\n", file.string());
+      }
+    } catch (...) {
+      // A full disk: no partial set of charts, and no empty folder we made.
+      for (const fs::path& f : written) fs::remove(f, ec);
+      if (!existed) fs::remove(a.plot_dir, ec);
+      throw;
     }
   }
   if (rep.interrupted) fmt::print(stderr, "interrupted: printed what was measured so far\n");

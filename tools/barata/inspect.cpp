@@ -2,6 +2,7 @@
 // model shape, as text or (--json) as one JSON document.
 #include <map>
 #include <memory>
+#include <optional>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 #include "barata/file_io.h"
 #include "barata/gguf.h"
 #include "barata/model_config.h"
+#include "barata/tokenizer.h"
 #include "commands.h"
 
 namespace barata::cli {
@@ -117,8 +119,18 @@ json build(const GgufFile& f) {
 
   const std::string arch = f.get_or<std::string>("general.architecture", "");
   const auto& archs = ModelConfig::supported_architectures();
+  std::optional<ModelConfig> config;
   if (std::find(archs.begin(), archs.end(), arch) != archs.end()) {
-    const ModelConfig c = ModelConfig::from_gguf(f);
+    // A file whose hyperparameters are incomplete is still shown, with why
+    // it cannot be run.
+    try {
+      config = ModelConfig::from_gguf(f);
+    } catch (const Error& e) {
+      j["model_error"] = e.what();
+    }
+  }
+  if (config) {
+    const ModelConfig& c = *config;
     j["model"] = {{"arch", c.arch},
                   {"n_layer", c.n_layer},
                   {"d_model", c.d_model},
@@ -135,6 +147,15 @@ json build(const GgufFile& f) {
                   {"tied_embeddings", c.tied_embeddings},
                   {"qkv_bias", c.qkv_bias},
                   {"kv_bytes_per_token_f16", c.kv_bytes_per_token()}};
+  }
+  if (f.has("tokenizer.ggml.tokens")) {
+    try {
+      const Tokenizer tok = Tokenizer::from_gguf(f);
+      j["tokenizer"] = {{"n_vocab", tok.n_vocab()},
+                        {"bytes_without_token", tok.bytes_without_token()}};
+    } catch (const Error& e) {
+      j["tokenizer"] = {{"error", e.what()}};
+    }
   }
   return j;
 }
@@ -205,6 +226,28 @@ void print_text(const GgufFile& f, const json& j, bool show_tensors) {
         kv, m["n_layer"].get<int64_t>(), m["n_head_kv"].get<int64_t>(),
         m["head_dim"].get<int64_t>(),
         human_bytes(static_cast<uint64_t>(kv * m["n_ctx_train"].get<int64_t>())));
+  }
+  if (j.contains("model_error"))
+    fmt::print("\nmodel: cannot be run: {}\n", j["model_error"].get<std::string>());
+  if (j.contains("tokenizer")) {
+    const json& t = j["tokenizer"];
+    if (t.contains("error")) {
+      fmt::print("\ntokenizer: cannot be built: {}\n", t["error"].get<std::string>());
+    } else {
+      fmt::print("\ntokenizer: {} tokens", t["n_vocab"].get<int64_t>());
+      const auto missing = t["bytes_without_token"].get<std::vector<int>>();
+      if (missing.empty()) {
+        fmt::print(", every byte has a token\n");
+      } else {
+        std::string list;
+        for (size_t i = 0; i < missing.size() && i < 32; ++i)
+          list += fmt::format("{}0x{:02X}", i ? " " : "", missing[i]);
+        fmt::print(
+            "; {} byte value(s) have no token ({}{}): text holding them loses them "
+            "or gets the unknown token\n",
+            missing.size(), list, missing.size() > 32 ? " ..." : "");
+      }
+    }
   }
 }
 

@@ -62,7 +62,14 @@ std::vector<int32_t> encode_prompt(const RunArgs& a, const Session& s, const Pro
           "the prompt has {} tokens but the context holds {} (raise -c, or --truncate to keep "
           "the last part)",
           prompt.size(), s.n_ctx);
-    const size_t keep = static_cast<size_t>(s.n_ctx - std::min<int64_t>(a.n_predict, s.n_ctx / 2));
+    if (s.n_ctx < 2)
+      fail(
+          "--truncate: a context of {} token holds no prompt token and its reply (need -c 2 "
+          "or more)",
+          s.n_ctx);
+    // The end of the prompt, leaving room for the reply (half the context at most).
+    const size_t keep = static_cast<size_t>(
+        s.n_ctx - std::max<int64_t>(1, std::min<int64_t>(a.n_predict, s.n_ctx / 2)));
     prompt.erase(prompt.begin(), prompt.end() - static_cast<long>(keep));
     fmt::print(stderr, "note: prompt truncated to its last {} tokens\n", keep);
   }

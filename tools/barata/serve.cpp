@@ -12,6 +12,8 @@
 
 #include "barata/error.h"
 #include "barata/file_io.h"
+#include "barata/gguf.h"
+#include "barata/model_config.h"
 #include "barata/server.h"
 #include "commands.h"
 #include "default_model.h"
@@ -69,6 +71,9 @@ int serve(ServeArgs& a) {
   ModelOptions mo = a.model;
   mo.kv_contexts = o.slots;
 
+  // A file barata cannot run fails here, before "listening" is printed: the
+  // header, the architecture and the hyperparameters (the weights load after).
+  ModelConfig::from_gguf(GgufFile::open(path));
   Server server(o);
   const int port = server.listen();
   // SIGTERM and Ctrl-C drain this server while it lives; then as before.
@@ -143,8 +148,24 @@ Command add_serve(CLI::App& app) {
                   "Largest request body in KiB; larger gets 413 (default: 1024)")
       ->check(CLI::Range(size_t{1}, size_t{1} << 20));
   sub->add_option("--http-threads", a->server.http_threads,
-                  "Connection threads (default: 64 + slots + max-queue)")
+                  "Threads answering requests (default: 64 + slots + max-queue)")
       ->check(CLI::Range(1, 4096));
+  sub->add_option("--max-connections", a->server.max_connections,
+                  "Open connections at most; idle keep-alive ones are closed to make room, "
+                  "then a new one gets 503 (default: 1024)")
+      ->check(CLI::Range(1, 65536));
+  sub->add_option("--header-timeout", a->server.head_timeout_s,
+                  "Seconds a request's headers may take to arrive, in all (default: 10)")
+      ->check(CLI::Range(0.1, 3600.0));
+  sub->add_option("--cors-origin", a->server.cors_origin,
+                  "Access-Control-Allow-Origin for browsers on other origins ('*' or one "
+                  "origin; default: none)");
+  sub->add_option("--log-format", a->server.log_format,
+                  "One line per request on stderr: text (key=value), json, or off (default: text)")
+      ->check(CLI::IsMember({"text", "json", "off"}));
+  sub->add_flag("--allow-special-in-content", a->server.allow_special_in_content,
+                "Parse special-token text inside chat messages as special tokens (default: a "
+                "client's text is text)");
   // The defaults of requests that do not set temperature / top_p.
   add_sampling_options(sub, a->server.sampling);
   return {sub, [a] { return serve(*a); }};
