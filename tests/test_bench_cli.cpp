@@ -174,6 +174,18 @@ TEST(BenchCli, ListsBeyondTheContextAreCappedWithANotice) {
   EXPECT_TRUE(j["kv"].empty());
 }
 
+// -n beyond what the context leaves after the cache test's prompt is capped to
+// what the no-cache run (prompt + all but the last token, then a reply) fits.
+TEST(BenchCli, CacheTestCapsGenerationToWhatTheNoCacheRunFits) {
+  REQUIRE_MODEL();
+  const Result r = bench("-m " + stories().string() + " --json -t 1 -r 1 --tests cache -n 200");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("capped to"), std::string::npos) << r.err;
+  const json j = json::parse(r.out);
+  const int64_t n = j["settings"]["n_generate"].get<int64_t>();
+  EXPECT_EQ(n + j["runs"][0]["cache"]["prompt_tokens"].get<int64_t>(), 128) << r.out;
+}
+
 TEST(BenchCli, GarbageInAListIsAUsageError) {
   REQUIRE_MODEL();
   for (const char* bad : {"-p 16,abc", "-t 1,x", "-b 0", "--tests prefill,nope", "-r 0"}) {

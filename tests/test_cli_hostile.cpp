@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "barata/gguf.h"
 #include "test_util.h"
 
 namespace barata {
@@ -49,6 +50,21 @@ TEST(CliHostile, SpecialFilesAsTheModelAreRefusedAtOnce) {
       EXPECT_EQ(count_lines(r.err, "error:"), 1) << cmd << ": " << r.err;
     }
   }
+}
+
+// barata serve with a file it cannot run fails before it listens (a client
+// never sees a server that will never be ready).
+TEST(CliHostile, ServeRefusesAnUnsupportedModelBeforeListening) {
+  test::TempDir dir;
+  const auto path = dir / "mamba.gguf";
+  GgufWriter w;
+  w.set("general.architecture", std::string("mamba"));
+  w.write(path);
+  const auto r = test::run_cli_within("serve --port 0 -m " + path.string(), 30);
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(r.out.find("listening"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("mamba"), std::string::npos) << r.err;
+  EXPECT_EQ(count_lines(r.err, "error:"), 1) << r.err;
 }
 
 // The RoPE tables and the KV cache grow with the positions used, not with -c.

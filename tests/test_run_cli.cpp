@@ -99,6 +99,12 @@ TEST(RunCli, PromptLongerThanTheContextIsAnError) {
                        " -c 16 -n 4 --temp 0 --truncate -p \"" + words + "\"");
   EXPECT_EQ(t.status, 0) << t.err;
   EXPECT_NE(t.err.find("truncated"), std::string::npos);
+  // A context too small for any prompt and its reply: one clear error.
+  const Result one =
+      run("run -m " + tiny("stories260K.gguf").string() + " -c 1 --truncate -p \"" + words + "\"");
+  EXPECT_EQ(one.status, 1);
+  EXPECT_NE(one.err.find("need -c 2 or more"), std::string::npos) << one.err;
+  EXPECT_EQ(one.err.find("truncated to"), std::string::npos) << one.err;
 }
 
 TEST(RunCli, GenerationStopsAtTheContextLimit) {

@@ -31,6 +31,7 @@
 #include <spdlog/spdlog.h>
 
 #include "barata/error.h"
+#include "barata/file_io.h"
 #include "safe_text.h"
 
 namespace barata::net {
@@ -174,6 +175,7 @@ Framing frame_request(std::string_view b, const FrontOptions& o) {
     if (end > o.max_head_bytes)
       return reject(f, 431, fmt::format("the request head is over {} bytes", o.max_head_bytes));
     if (nl == std::string_view::npos) return f;  // the line is not complete yet
+    const size_t line_start = at;
     at = nl + 1;
     if (request_line) {
       // method SP request-target SP HTTP-version
@@ -264,6 +266,8 @@ Framing frame_request(std::string_view b, const FrontOptions& o) {
             f, 417,
             fmt::format("Expect '{}' is not supported (only 100-continue)", printable(value, 40)));
       f.expect_continue = !http10;
+      f.expect_at = line_start;
+      f.expect_len = at - line_start;
     }
   }
   f.head_size = at;
@@ -700,8 +704,11 @@ struct Front::Impl {
         }
       }
     } else {
-      const std::string request = c.buf.substr(0, t.size);
+      std::string request = c.buf.substr(0, t.size);
       c.buf.erase(0, t.size);
+      const Framing f = frame_request(request, o);
+      // The front answered "Expect: 100-continue" itself; httplib would again.
+      if (f.expect_len > 0) request.erase(f.expect_at, f.expect_len);
       ConnStream s(c, request, o.write_timeout_s);
       bool closed = false;
       bool ok = false;
@@ -716,7 +723,6 @@ struct Front::Impl {
       }
       // The framing's view of keep-alive agrees with httplib's for the
       // requests it lets through; both are asked.
-      const Framing f = frame_request(request, o);
       keep = ok && !closed && !close && !s.failed() && f.keep_alive;
     }
     if (!keep) {

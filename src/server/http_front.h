@@ -42,13 +42,14 @@ struct FrontOptions {
 // What the bytes read so far on a connection hold.
 struct Framing {
   enum State { kNeedMore, kComplete, kReject } state = kNeedMore;
-  size_t head_size = 0;          // 0 until the head is complete
-  size_t size = 0;               // kComplete: this request's bytes (head and body)
-  int status = 0;                // kReject: the HTTP status
-  std::string message;           // kReject: why, printable
-  bool expect_continue = false;  // the head asks for "100 Continue" before its body
-  bool keep_alive = true;        // HTTP/1.1 without "Connection: close"
-  std::string method, target;    // once the request line is read, printable
+  size_t head_size = 0;                  // 0 until the head is complete
+  size_t size = 0;                       // kComplete: this request's bytes (head and body)
+  int status = 0;                        // kReject: the HTTP status
+  std::string message;                   // kReject: why, printable
+  bool expect_continue = false;          // the head asks for "100 Continue" before its body
+  size_t expect_at = 0, expect_len = 0;  // the Expect line's bytes (the front answers it)
+  bool keep_alive = true;                // HTTP/1.1 without "Connection: close"
+  std::string method, target;            // once the request line is read, printable
 };
 
 // Frames the first request in `bytes` (a pure function; the fuzzer's entry).

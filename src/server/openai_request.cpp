@@ -6,6 +6,7 @@
 
 #include <fmt/core.h>
 
+#include "barata/file_io.h"
 #include "safe_text.h"
 
 namespace barata::openai {
@@ -35,7 +36,7 @@ json parse_body(const std::string& text) {
   try {
     return json::parse(text);
   } catch (const json::parse_error& e) {
-    bad_request(fmt::format("the body is not valid JSON: {}", net::printable(e.what())));
+    bad_request(fmt::format("the body is not valid JSON: {}", printable(e.what())));
   }
 }
 
@@ -78,19 +79,18 @@ bool boolean(const json& body, const char* name, bool dflt) {
 void only_default(const json& body, const char* name, const json& dflt) {
   const json& v = field(body, name);
   if (!v.is_null() && v != dflt)
-    bad_request(
-        fmt::format("'{}' = {} is not supported (only {})", name,
-                    net::printable(v.dump(-1, ' ', false, json::error_handler_t::replace), 80),
-                    dflt.dump()),
-        name);
+    bad_request(fmt::format("'{}' = {} is not supported (only {})", name,
+                            printable(v.dump(-1, ' ', false, json::error_handler_t::replace), 80),
+                            dflt.dump()),
+                name);
 }
 
 void check_known(const json& body, const std::vector<std::string>& known) {
   for (auto it = body.begin(); it != body.end(); ++it)
     if (std::find(known.begin(), known.end(), it.key()) == known.end())
       bad_request(
-          fmt::format("Unrecognized request argument supplied: {}", net::printable(it.key(), 80)),
-          net::printable(it.key(), 80));
+          fmt::format("Unrecognized request argument supplied: {}", printable(it.key(), 80)),
+          printable(it.key(), 80));
 }
 
 std::vector<std::string> parse_stop(const json& body) {
@@ -148,12 +148,12 @@ std::vector<ChatMessage> parse_messages(const json& body) {
     if (r == "developer") r = "system";
     if (r != "system" && r != "user" && r != "assistant")
       bad_request(fmt::format("{}.role '{}' is not one of system, developer, user, assistant",
-                              param, net::printable(r, 40)),
+                              param, printable(r, 40)),
                   param + ".role");
     for (auto it = m.begin(); it != m.end(); ++it)
       if (it.key() != "role" && it.key() != "content" && it.key() != "name")
-        bad_request(fmt::format("{}: unsupported field '{}'", param, net::printable(it.key(), 80)),
-                    param + "." + net::printable(it.key(), 80));
+        bad_request(fmt::format("{}: unsupported field '{}'", param, printable(it.key(), 80)),
+                    param + "." + printable(it.key(), 80));
     out.push_back({r, message_content(field(m, "content"), i)});
   }
   return out;

@@ -1,8 +1,6 @@
-// Untrusted bytes as text (safe_text.h). UTF-8's well-formed sequences are
+// UTF-8 and JSON-nesting checks (safe_text.h). UTF-8's well-formed sequences are
 // those of the Unicode Standard, chapter 3, table 3-7.
 #include "safe_text.h"
-
-#include <fmt/core.h>
 
 namespace barata::net {
 
@@ -40,30 +38,6 @@ bool valid_utf8(std::string_view s) {
     i += n;
   }
   return true;
-}
-
-std::string printable(std::string_view bytes, size_t max_bytes) {
-  std::string out;
-  out.reserve(std::min(bytes.size(), max_bytes) + 16);
-  size_t i = 0;
-  while (i < bytes.size()) {
-    if (out.size() >= max_bytes) {
-      out += fmt::format("...({} bytes)", bytes.size());
-      return out;
-    }
-    const size_t n = utf8_sequence(bytes.substr(i));
-    const auto c = static_cast<unsigned char>(bytes[i]);
-    // C1 controls (U+0080..U+009F) are C2 80..C2 9F.
-    const bool c1 = n == 2 && c == 0xC2 && static_cast<unsigned char>(bytes[i + 1]) < 0xA0;
-    if (n == 0 || c1 || (n == 1 && (c < 0x20 || c == 0x7F))) {
-      out += fmt::format("\\x{:02X}", c);
-      i += 1;
-    } else {
-      out.append(bytes.substr(i, n));
-      i += n;
-    }
-  }
-  return out;
 }
 
 size_t json_depth(std::string_view t, size_t limit) {

@@ -1,5 +1,7 @@
-// The one place where bytes from a client become text for an error message,
-// a log line or a metric label (barata serve). Internal to barata_server.
+// UTF-8 and JSON-nesting checks of bytes from a client (barata serve).
+// Internal to barata_server. Client bytes become text for a message, a log
+// line or a label through barata::printable (barata/file_io.h), the one
+// escaping function of the project.
 #pragma once
 
 #include <cstddef>
@@ -7,13 +9,6 @@
 #include <string_view>
 
 namespace barata::net {
-
-// `bytes` as valid, printable UTF-8 of at most about `max_bytes` bytes: valid
-// UTF-8 passes (code points at and above U+00A0, and printable ASCII); control
-// characters, invalid or overlong sequences and surrogates become \xNN escapes;
-// a longer input is cut at a character boundary and ends with "...(N bytes)".
-// Never throws; the result is safe in JSON (once escaped), a log and a label.
-std::string printable(std::string_view bytes, size_t max_bytes = 200);
 
 // The length of the valid UTF-8 sequence at s[0] (1..4), or 0 when it is not
 // one (invalid lead, truncated, overlong, surrogate, above U+10FFFF).

@@ -29,6 +29,7 @@
 #include "barata/tokenizer.h"
 #include "http_front.h"
 #include "openai_request.h"
+#include "barata/file_io.h"
 #include "safe_text.h"
 
 namespace barata {
@@ -288,8 +289,8 @@ void Server::Impl::setup_routes() {
   http.set_error_handler(httplib::Server::HandlerWithResponse(
       [this](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        const std::string method = net::printable(req.method, 32);
-        const std::string path = net::printable(req.path, 200);
+        const std::string method = printable(req.method, 32);
+        const std::string path = printable(req.path, 200);
         std::string msg = fmt::format("HTTP {} for {} {}", res.status, method, path);
         if (res.status == 404) msg = fmt::format("no route {} {}", method, path);
         if (res.status == 413)
@@ -305,7 +306,7 @@ void Server::Impl::setup_routes() {
         try {
           std::rethrow_exception(ep);
         } catch (const std::exception& e) {
-          what = net::printable(e.what());
+          what = printable(e.what());
         } catch (...) {
         }
         send_error(res, {500, what, "server_error", "", ""});
@@ -409,9 +410,8 @@ std::shared_ptr<Job> Server::Impl::parse_job(const json& body, Kind kind) {
     if (!so.is_object()) bad_request("'stream_options' must be an object", "stream_options");
     for (auto it = so.begin(); it != so.end(); ++it)
       if (it.key() != "include_usage")
-        bad_request(
-            fmt::format("stream_options: unsupported field '{}'", net::printable(it.key(), 80)),
-            "stream_options");
+        bad_request(fmt::format("stream_options: unsupported field '{}'", printable(it.key(), 80)),
+                    "stream_options");
     job->include_usage = boolean(so, "include_usage", false);
   }
   only_default(body, "n", 1);
@@ -564,15 +564,15 @@ void Server::Impl::log_request(const std::string& method, const std::string& tar
   if (o.log_format == "json") {
     json j = {{"ts", static_cast<double>(t.count()) / 1000},
               {"event", "request"},
-              {"method", net::printable(method, 32)},
-              {"path", net::printable(target, 200)},
+              {"method", printable(method, 32)},
+              {"path", printable(target, 200)},
               {"status", status},
               {"duration_ms", std::round(ms * 10) / 10}};
     if (!peer.empty()) j["peer"] = peer;
     if (r.prompt_tokens >= 0) j["prompt_tokens"] = r.prompt_tokens;
     if (r.completion_tokens >= 0) j["completion_tokens"] = r.completion_tokens;
     if (r.ttft_s >= 0) j["ttft_ms"] = std::round(r.ttft_s * 10000) / 10;
-    if (!error.empty()) j["error"] = net::printable(error, 200);
+    if (!error.empty()) j["error"] = printable(error, 200);
     line = j.dump(-1, ' ', false, json::error_handler_t::replace);
   } else {
     // key=value, values without spaces except the quoted error.
@@ -580,12 +580,12 @@ void Server::Impl::log_request(const std::string& method, const std::string& tar
     line = fmt::format(
         "request method={} path={} status={} prompt_tokens={} completion_tokens={} "
         "ttft_ms={} duration_ms={:.1f} peer={}",
-        dash(net::printable(method, 32)), dash(net::printable(target, 200)), status,
+        dash(printable(method, 32)), dash(printable(target, 200)), status,
         r.prompt_tokens >= 0 ? std::to_string(r.prompt_tokens) : "-",
         r.completion_tokens >= 0 ? std::to_string(r.completion_tokens) : "-",
         r.ttft_s >= 0 ? fmt::format("{:.1f}", r.ttft_s * 1000) : "-", ms, dash(peer));
     if (!error.empty()) {
-      std::string e = net::printable(error, 200);
+      std::string e = printable(error, 200);
       std::replace(e.begin(), e.end(), '"', '\'');
       line += fmt::format(" error=\"{}\"", e);
     }
@@ -604,7 +604,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     const std::string& ct = req.get_header_value("Content-Type");
     if (!ct.empty() && ct.find("application/json") == std::string::npos)
       bad_request(
-          fmt::format("Content-Type must be application/json, not '{}'", net::printable(ct, 80)));
+          fmt::format("Content-Type must be application/json, not '{}'", printable(ct, 80)));
     const json body = parse_body(req.body);
     job = parse_job(body, kind);
     job->t_arrival = Clock::now();
@@ -634,11 +634,11 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     count(endpoint, e.status);
     return;
   } catch (const json::exception& e) {
-    send_error(res, {400, net::printable(e.what()), "invalid_request_error", "", ""});
+    send_error(res, {400, printable(e.what()), "invalid_request_error", "", ""});
     count(endpoint, 400);
     return;
   } catch (const Error& e) {  // the tokenizer's limits and the like
-    send_error(res, {400, net::printable(e.what()), "invalid_request_error", "", ""});
+    send_error(res, {400, printable(e.what()), "invalid_request_error", "", ""});
     count(endpoint, 400);
     return;
   }

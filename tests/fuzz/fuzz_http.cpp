@@ -16,6 +16,7 @@
 
 #include "server/http_front.h"
 #include "server/openai_request.h"
+#include "barata/file_io.h"
 #include "server/safe_text.h"
 
 namespace {
@@ -57,8 +58,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       openai::only_default(j, "n", 1);
     }
   } catch (const openai::ApiError& e) {
-    check_error_body(openai::error_body(e).dump(-1, ' ', false,
-                                                nlohmann::json::error_handler_t::strict));
+    check_error_body(
+        openai::error_body(e).dump(-1, ' ', false, nlohmann::json::error_handler_t::strict));
   }
   return 0;
 }

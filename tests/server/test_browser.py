@@ -113,6 +113,10 @@ with Server("--slots", "2", "-t", "2") as s:
         check(cancelled >= 1, "Stop cancelled the request on the server (its slot is free)")
         n_msgs = len(driver.find_elements(By.CSS_SELECTOR, ".msg"))
         check(n_msgs == 4, f"the conversation keeps both turns: {n_msgs} messages")
+        ids = driver.execute_script(
+            "return Array.from(document.querySelectorAll('[id]'), e => e.id)")
+        check(len(ids) == len(set(ids)), f"after two replies the page's {len(ids)} element ids "
+              f"are unique")
         shot = os.path.join(out_dir, "chat-page.png")
         driver.save_screenshot(shot)
         check(os.path.getsize(shot) > 1000, f"screenshot saved: {shot}")

@@ -202,6 +202,7 @@ def bad_requests(s):
         got += chunk
     c.close()
     check(b"HTTP/1.1 200" in got, "then the request is answered")
+    check(b"100 Continue" not in got, "and the interim answer came once")
 
 
 def metrics_cases(s):
