@@ -499,6 +499,7 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
     return;
   }
   log_launch(name);
+  if (dry_launches()) return;
   while (s.pool.size() < threads) s.pool.push_back(std::make_unique<Fiber>());
   s.n = static_cast<unsigned>(threads);
   for (unsigned i = 0; i < s.n; ++i) {
@@ -538,6 +539,11 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
 
 std::vector<std::string> g_launch_log;
 bool g_logging_launches = false;
+bool g_dry_launches = false;
+
+bool dry_launches() {
+  return g_dry_launches;
+}
 
 void log_launch(const char* name) {
   if (g_logging_launches) g_launch_log.emplace_back(name);
@@ -554,6 +560,9 @@ void stop_launch_log() {
 }
 const std::vector<std::string>& launch_log() {
   return detail::g_launch_log;
+}
+void set_dry_launches(bool dry) {
+  detail::g_dry_launches = dry;
 }
 
 void set_fault_mode(FaultMode m) {

@@ -404,10 +404,15 @@ class Fault : public std::runtime_error {
 void start_launch_log();
 void stop_launch_log();
 const std::vector<std::string>& launch_log();
+// Dry launches: a launch's configuration is checked and logged, and its
+// threads are not run (nor is an emulated GEMM computed): for a test that
+// counts launches, whose results it does not read. Off by default.
+void set_dry_launches(bool dry);
 
 namespace detail {
 
 void log_launch(const char* name);
+bool dry_launches();
 
 struct Fiber;
 struct LaunchState {
