@@ -32,6 +32,7 @@
 
 #include "barata/error.h"
 #include "barata/file_io.h"
+#include "openai_request.h"
 #include "safe_text.h"
 
 namespace barata::net {
@@ -301,10 +302,8 @@ std::string error_json(int status, const std::string& message, const std::string
   const char* type = status == 429   ? "rate_limit_error"
                      : status >= 500 ? "server_error"
                                      : "invalid_request_error";
-  nlohmann::json err = {{"message", message}, {"type", type}, {"param", nullptr}};
-  err["code"] = code.empty() ? nlohmann::json(nullptr) : nlohmann::json(code);
-  return nlohmann::json{{"error", err}}.dump(-1, ' ', false,
-                                             nlohmann::json::error_handler_t::replace);
+  return openai::error_body({status, message, type, "", code})
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 namespace {
@@ -455,8 +454,8 @@ struct Front::Impl {
   std::condition_variable cv;
   struct Task {
     std::unique_ptr<Conn> c;
-    size_t size = 0;  // the request's bytes at the front of c->buf
-    int status = 0;   // a refusal to write instead (then the connection closes)
+    Framing f;       // the request at the front of c->buf (f.size bytes)
+    int status = 0;  // a refusal to write instead (then the connection closes)
     std::string body;
   };
   std::deque<Task> tasks;                       // for the workers
@@ -491,7 +490,7 @@ struct Front::Impl {
 
   // Hands a connection to a worker: a request to answer, or a refusal to
   // write before it closes.
-  void hand_over(int fd, size_t size, int status, std::string body) {
+  void hand_over(int fd, Framing f, int status, std::string body) {
     auto it = conns.find(fd);
     Conn& c = *it->second;
     if (c.state == Conn::kIdle) idle.erase(c.idle_pos);
@@ -501,7 +500,7 @@ struct Front::Impl {
     conns.erase(it);
     {
       std::lock_guard<std::mutex> l(m);
-      tasks.push_back({std::move(owned), size, status, std::move(body)});
+      tasks.push_back({std::move(owned), std::move(f), status, std::move(body)});
     }
     cv.notify_one();
   }
@@ -509,7 +508,7 @@ struct Front::Impl {
   void refuse(int fd, int status, const std::string& method, const std::string& target,
               const std::string& message) {
     if (on_refused) on_refused(status, method, target, message);
-    hand_over(fd, 0, status, error_json(status, message, ""));
+    hand_over(fd, Framing{}, status, error_json(status, message, ""));
   }
 
   // Frames what a connection has read: hands a complete request over,
@@ -533,7 +532,7 @@ struct Front::Impl {
       return;
     }
     if (f.state == Framing::kComplete) {
-      hand_over(fd, f.size, 0, "");
+      hand_over(fd, f, 0, "");
       return;
     }
     if (f.head_size > 0 && c.state == Conn::kHead) {
@@ -704,9 +703,10 @@ struct Front::Impl {
         }
       }
     } else {
-      std::string request = c.buf.substr(0, t.size);
-      c.buf.erase(0, t.size);
-      const Framing f = frame_request(request, o);
+      // Framed once, by the I/O thread (advance).
+      const Framing& f = t.f;
+      std::string request = c.buf.substr(0, f.size);
+      c.buf.erase(0, f.size);
       // The front answered "Expect: 100-continue" itself; httplib would again.
       if (f.expect_len > 0) request.erase(f.expect_at, f.expect_len);
       ConnStream s(c, request, o.write_timeout_s);
