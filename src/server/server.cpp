@@ -28,6 +28,7 @@
 #include "barata/scheduler.h"
 #include "barata/tokenizer.h"
 #include "http_front.h"
+#include "metrics.h"
 #include "openai_request.h"
 #include "barata/file_io.h"
 #include "safe_text.h"
@@ -75,40 +76,6 @@ struct RequestRecord {
   double ttft_s = -1;
 };
 thread_local RequestRecord tl_record;
-
-// ---- Prometheus histogram ----------------------------------------------------------
-
-class Histogram {
- public:
-  explicit Histogram(std::vector<double> bounds)
-      : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
-  void observe(double v) {
-    size_t i = 0;
-    while (i < bounds_.size() && v > bounds_[i]) ++i;
-    ++counts_[i];
-    sum_ += v;
-    ++n_;
-  }
-  void write(std::string& out, const std::string& name, const std::string& help) const {
-    out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
-    int64_t cum = 0;
-    for (size_t i = 0; i < bounds_.size(); ++i) {
-      cum += counts_[i];
-      out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cum);
-    }
-    out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, n_, name,
-                       sum_, name, n_);
-  }
-
- private:
-  std::vector<double> bounds_;
-  std::vector<int64_t> counts_;
-  double sum_ = 0;
-  int64_t n_ = 0;
-};
-
-const std::vector<double> kTimeBuckets = {0.025, 0.05, 0.1, 0.25, 0.5, 1,  2.5,
-                                          5,     10,   20,  30,   60,  120};
 
 // ---- one request --------------------------------------------------------------------
 
@@ -190,7 +157,7 @@ struct Server::Impl {
   int64_t rejected_429 = 0, prompt_tokens = 0, generated_tokens = 0, finished = 0, cancelled = 0;
   int64_t queue_depth = 0, slots_in_use = 0, kv_used = 0, kv_total = 0, kv_cached = 0;
   int64_t prefix_hit_tokens = 0, prefix_lookups = 0, prefix_hit_blocks = 0, steps = 0;
-  Histogram ttft{kTimeBuckets}, latency{kTimeBuckets};
+  net::Histogram ttft{net::kTimeBuckets}, latency{net::kTimeBuckets};
   std::deque<double> completions;  // when the last requests finished (seconds since t0)
 
   explicit Impl(ServerOptions opts) : o(std::move(opts)) {}
