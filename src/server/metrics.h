@@ -40,6 +40,6 @@ class Histogram {
 };
 
 inline const std::vector<double> kTimeBuckets = {0.025, 0.05, 0.1, 0.25, 0.5, 1,  2.5,
-                                          5,     10,   20,  30,   60,  120};
+                                                 5,     10,   20,  30,   60,  120};
 
 }  // namespace barata::net
