@@ -145,12 +145,12 @@ __device__ __forceinline__ void load_kv_tile(Smem<kMaxHd>& sm, const KvDeviceVie
   __syncthreads();
 }
 
-// Folds the keys b0 + j <= last of the tile in shared memory into one item's
-// state; qs is the item's query. Called by all 32 lanes of the warp (b0 <= last,
-// so at least key b0 counts and the new max is finite).
+// Folds the keys first <= b0 + j <= last of the tile in shared memory into
+// one item's state; qs is the item's query. Called by all 32 lanes of the
+// warp, for a tile holding at least one such key (so the new max is finite).
 template <int kMaxHd>
 __device__ __forceinline__ void attend_tile(const float* qs, const Smem<kMaxHd>& sm, int hd,
-                                            float scale, int b0, int last, int lane,
+                                            float scale, int b0, int first, int last, int lane,
                                             ItemState<kMaxHd>& st) {
   constexpr int kStride = Smem<kMaxHd>::kStride;
   constexpr int kPer = kMaxHd / 32;
@@ -165,7 +165,7 @@ __device__ __forceinline__ void attend_tile(const float* qs, const Smem<kMaxHd>&
   if (i < hd) s0 += qs[i] * kj[i];
   float s = s0 + s1;
   s += __shfl_xor_sync(kFullMask, s, 16);
-  s = b0 + j <= last ? s * scale : -INFINITY;
+  s = b0 + j <= last && b0 + j >= first ? s * scale : -INFINITY;
 
   // Lanes j and j + 16 hold the same score: reduce within each half.
   float mt = s;
@@ -228,11 +228,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   zero_kv_tiles(sm);
 
-  int last = -1;  // the largest position among the CTA's items
+  int last = -1;            // the largest position among the CTA's items
+  int lowest = 0x7fffffff;  // and the smallest
   for (int g = g0; g < g0 + per_cta && g < n_items; ++g) {
     const int pg = rows[tile.row0 + g % tile.n_rows].pos;
     last = pg > last ? pg : last;
+    lowest = pg < lowest ? pg : lowest;
   }
+  // The first key any item sees (windowed: the lowest item's window start).
+  const int b_first =
+      a.window > 0 && lowest - a.window + 1 > 0 ? (lowest - a.window + 1) / kKeyTile * kKeyTile : 0;
 
   int pos[kIpw];
   ItemState<kMaxHd> st[kIpw];
@@ -246,14 +251,20 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int c = 0; c < kPer; ++c) st[k].acc[c] = 0.0f;
   }
 
+  int first[kIpw];  // each item's first key
+#pragma unroll
+  for (int k = 0; k < kIpw; ++k)
+    first[k] = a.window > 0 && pos[k] - a.window + 1 > 0 ? pos[k] - a.window + 1 : 0;
+
   const int32_t table = rows[tile.row0].table;
-  for (int b0 = 0; b0 <= last; b0 += kKeyTile) {
+  for (int b0 = b_first; b0 <= last; b0 += kKeyTile) {
     __syncthreads();  // the previous tile is consumed (the first time: q is loaded)
     load_kv_tile(sm, kv, table, kvh, hd, b0, last);
 #pragma unroll
     for (int k = 0; k < kIpw; ++k)
-      if (pos[k] >= b0)
-        attend_tile(sm.q + (warp + k * n_warps) * kMaxHd, sm, hd, a.scale, b0, pos[k], lane, st[k]);
+      if (pos[k] >= b0 && b0 + kKeyTile - 1 >= first[k])
+        attend_tile(sm.q + (warp + k * n_warps) * kMaxHd, sm, hd, a.scale, b0, first[k], pos[k],
+                    lane, st[k]);
   }
 
 #pragma unroll
@@ -302,8 +313,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   const BatchRowMeta meta = rows[row];
   // Keys [k0, k1), empty when k1 <= k0. The last split also takes any keys
   // past n_splits * split_tokens, so a too-short split plan is slow, not wrong.
-  const int k0 = split * s.split_tokens;
-  const int k_end = split == s.n_splits - 1 ? meta.pos + 1 : k0 + s.split_tokens;
+  // A windowed row starts at its window (the splits before it do nothing).
+  const int first = a.window > 0 && meta.pos - a.window + 1 > 0 ? meta.pos - a.window + 1 : 0;
+  const int k_split = split * s.split_tokens;
+  const int k0 = k_split > first / kKeyTile * kKeyTile ? k_split : first / kKeyTile * kKeyTile;
+  const int k_end = split == s.n_splits - 1 ? meta.pos + 1 : k_split + s.split_tokens;
   const int k1 = k_end < meta.pos + 1 ? k_end : meta.pos + 1;
 
   const float* qrow = q + row * q_dim + static_cast<int64_t>(kvh * group + hl0) * hd;
@@ -330,7 +344,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int k = 0; k < kIpw; ++k)
       if (active[k])
-        attend_tile(sm.q + (warp + k * n_warps) * kMaxHd, sm, hd, a.scale, b0, k1 - 1, lane, st[k]);
+        attend_tile(sm.q + (warp + k * n_warps) * kMaxHd, sm, hd, a.scale, b0, first, k1 - 1, lane,
+                    st[k]);
   }
 
   const bool direct = s.n_splits == 1;

@@ -14,7 +14,10 @@ namespace barata::cuda {
 
 struct AttnArgs {
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0;  // n_head % n_head_kv == 0
-  float scale = 0;                                  // 1 / sqrt(head_dim)
+  float scale = 0;                                  // 1 / sqrt(head_dim) unless the model says
+  // Sliding window: a row at position p attends to (p - window, p]; 0: to
+  // every position up to p.
+  int32_t window = 0;
 };
 
 // Query rows of one sequence handled by one CTA of the prefill kernel:

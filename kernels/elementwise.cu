@@ -53,6 +53,25 @@ __device__ __forceinline__ float swiglu(float g, float u) {
   return __fmul_rn(g / (1.0f + expf(-g)), u);
 }
 
+// GELU, tanh form, times up (the CPU's gelu_tanh: the same operations).
+__device__ __forceinline__ float geglu(float g, float u) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  const float t = tanhf(__fmul_rn(__fmul_rn(kSqrt2OverPi, g),
+                                  __fadd_rn(1.0f, __fmul_rn(__fmul_rn(0.044715f, g), g))));
+  return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, t)), u);
+}
+
+// The gated activation of the FFN: kGelu picks GeGLU over SwiGLU.
+template <bool kGelu>
+__device__ __forceinline__ float glu(float g, float u) {
+  if constexpr (kGelu) {
+    return geglu(g, u);
+  } else {
+    return swiglu(g, u);
+  }
+}
+
+template <bool kGelu>
 __global__ void __launch_bounds__(kThreads)
     swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t n) {
   int64_t done = 0;
@@ -61,17 +80,19 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t i = first_index(); i < n4; i += stride()) {
       float4 g = reinterpret_cast<float4*>(gate)[i];
       const float4 u = __ldg(reinterpret_cast<const float4*>(up) + i);
-      g = make_float4(swiglu(g.x, u.x), swiglu(g.y, u.y), swiglu(g.z, u.z), swiglu(g.w, u.w));
+      g = make_float4(glu<kGelu>(g.x, u.x), glu<kGelu>(g.y, u.y), glu<kGelu>(g.z, u.z),
+                      glu<kGelu>(g.w, u.w));
       reinterpret_cast<float4*>(gate)[i] = g;
     }
     done = n4 * 4;
   }
   for (int64_t i = done + first_index(); i < n; i += stride())
-    gate[i] = swiglu(gate[i], __ldg(up + i));
+    gate[i] = glu<kGelu>(gate[i], __ldg(up + i));
 }
 
 // swiglu and its 8-bit copy: one warp per 32 elements (grid-stride over
 // the blocks), the swiglu kernel's arithmetic, then quantize_block_q8.
+template <bool kGelu>
 __global__ void __launch_bounds__(kThreads)
     swiglu_q8_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t n_blocks,
                      signed char* __restrict__ xq, float* __restrict__ xd) {
@@ -79,7 +100,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
   for (int64_t b = first_index() >> 5; b < n_blocks; b += warps) {
     const int64_t i = 32 * b + lane;
-    const float g = swiglu(gate[i], __ldg(up + i));
+    const float g = glu<kGelu>(gate[i], __ldg(up + i));
     gate[i] = g;
     quantize_block_q8(g, lane, xq + 32 * b, xd + b);
   }
@@ -133,15 +154,19 @@ void launch_add_bias(float* y, const float* b, int64_t n_rows, int64_t width, cu
   BARATA_CUDA_CHECK_LAUNCH();
 }
 
-void launch_swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
+void launch_swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream, bool gelu) {
   check_n("swiglu", n);
   if (n == 0) return;
-  BARATA_LAUNCH(swiglu_kernel, grid_for(n), kThreads, 0, stream, gate, up, n);
+  if (gelu) {
+    BARATA_LAUNCH(swiglu_kernel<true>, grid_for(n), kThreads, 0, stream, gate, up, n);
+  } else {
+    BARATA_LAUNCH(swiglu_kernel<false>, grid_for(n), kThreads, 0, stream, gate, up, n);
+  }
   BARATA_CUDA_CHECK_LAUNCH();
 }
 
-void launch_swiglu_q8(float* gate, const float* up, int64_t n, const Q8Out& q8,
-                      cudaStream_t stream) {
+void launch_swiglu_q8(float* gate, const float* up, int64_t n, const Q8Out& q8, cudaStream_t stream,
+                      bool gelu) {
   check_n("swiglu", n);
   if (n % 32 != 0 || q8.xq == nullptr || q8.xd == nullptr ||
       (reinterpret_cast<uintptr_t>(q8.xq) & 3) != 0)
@@ -151,8 +176,13 @@ void launch_swiglu_q8(float* gate, const float* up, int64_t n, const Q8Out& q8,
   const int64_t blocks = n / 32;
   const int64_t ctas =
       std::min<int64_t>(kMaxBlocks, (blocks + kThreads / 32 - 1) / (kThreads / 32));
-  BARATA_LAUNCH(swiglu_q8_kernel, static_cast<unsigned>(ctas), kThreads, 0, stream, gate, up,
-                blocks, q8.xq, q8.xd);
+  if (gelu) {
+    BARATA_LAUNCH(swiglu_q8_kernel<true>, static_cast<unsigned>(ctas), kThreads, 0, stream, gate,
+                  up, blocks, q8.xq, q8.xd);
+  } else {
+    BARATA_LAUNCH(swiglu_q8_kernel<false>, static_cast<unsigned>(ctas), kThreads, 0, stream, gate,
+                  up, blocks, q8.xq, q8.xd);
+  }
   BARATA_CUDA_CHECK_LAUNCH();
 }
 

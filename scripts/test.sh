@@ -14,6 +14,7 @@ MODE="${1:-release}"
 "$ROOT/scripts/fetch-model.sh" >/dev/null
 "$ROOT/scripts/fetch-qwen2.sh" >/dev/null
 "$ROOT/scripts/fetch-qwen2-1.5b.sh" >/dev/null
+"$ROOT/scripts/fetch-gemma3.sh" >/dev/null
 "$ROOT/scripts/fetch-test-data.sh" >/dev/null
 "$ROOT/scripts/fetch-server-deps.sh" >/dev/null
 DIR="$("$ROOT/scripts/build.sh" "$MODE" | tail -n1)"

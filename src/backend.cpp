@@ -1,6 +1,8 @@
 #include "barata/backend.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include "barata/error.h"
 #include "cpu/cpu_backend.h"
@@ -28,15 +30,43 @@ std::optional<DeviceKind> parse_device(std::string_view name) {
   return std::nullopt;
 }
 
-void rope_tables(const ModelConfig& c, int64_t p0, int64_t p1, float* cos, float* sin) {
+void rope_tables(const ModelConfig& c, int64_t p0, int64_t p1, float* cos, float* sin, bool swa) {
   const int64_t half = c.rope_dims / 2;
+  const RopeScaling plain;
+  const RopeScaling& s = swa ? plain : c.rope_scaling;
+  const double base = swa ? c.rope_base_swa : c.rope_base;
+  // YaRN's correction range in pair indices (ggml_rope_yarn_corr_dims): the
+  // pairs below `lo` rotate more than beta_fast times over the original
+  // context and keep their frequency (extrapolation), those above `hi`
+  // rotate less than beta_slow times and are interpolated; a linear ramp
+  // between.
+  double lo = 0.0, hi = 0.0;
+  if (s.ext_factor != 0.0f) {
+    const auto corr_dim = [&](double n_rot) {
+      return static_cast<double>(c.rope_dims) *
+             std::log(static_cast<double>(s.n_ctx_orig) / (n_rot * 2.0 * std::numbers::pi)) /
+             (2.0 * std::log(base));
+    };
+    lo = std::max(0.0, std::floor(corr_dim(s.beta_fast)));
+    hi = std::min(static_cast<double>(c.rope_dims - 1), std::ceil(corr_dim(s.beta_slow)));
+  }
+  const bool factors = !swa && !c.rope_freq_factors.empty();
   for (int64_t p = p0; p < p1; ++p)
     for (int64_t i = 0; i < half; ++i) {
-      const double theta =
-          static_cast<double>(p) *
-          std::pow(static_cast<double>(c.rope_base), -2.0 * static_cast<double>(i) / c.rope_dims);
-      cos[(p - p0) * half + i] = static_cast<float>(std::cos(theta));
-      sin[(p - p0) * half + i] = static_cast<float>(std::sin(theta));
+      double theta =
+          static_cast<double>(p) * std::pow(base, -2.0 * static_cast<double>(i) / c.rope_dims);
+      if (factors) theta /= c.rope_freq_factors[static_cast<size_t>(i)];
+      const double extrap = theta;
+      theta *= s.freq_scale;  // interpolation: positions compressed by the scaling factor
+      double mscale = s.attn_factor;
+      if (s.ext_factor != 0.0f) {
+        const double y = (static_cast<double>(i) - lo) / std::max(0.001, hi - lo);
+        const double mix = (1.0 - std::min(1.0, std::max(0.0, y))) * s.ext_factor;
+        theta = theta * (1.0 - mix) + extrap * mix;
+        mscale *= 1.0 + 0.1 * std::log(1.0 / s.freq_scale);
+      }
+      cos[(p - p0) * half + i] = static_cast<float>(std::cos(theta) * mscale);
+      sin[(p - p0) * half + i] = static_cast<float>(std::sin(theta) * mscale);
     }
 }
 

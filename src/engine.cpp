@@ -161,15 +161,35 @@ void Engine::run(const Batch& b, float* logits) {
     project_bias(L.wq, xn, q, L.bq);
     project_bias(L.wk, xn, k, L.bk);
     project_bias(L.wv, xn, v, L.bv);
+    if (c.qk_norm) {
+      be.head_norm(q, L.q_norm, c.n_head);
+      be.head_norm(k, L.k_norm, c.n_head_kv);
+    }
     be.rope_kv(l, q, k, v);
     be.attention(l, q, att);
-    project_add(L.wo, att, x);
+    if (c.post_norms) {  // x += rmsnorm(att W_o^T)
+      project(L.wo, att, out);
+      be.rms_norm(out, L.attn_post_norm, out, d);
+      be.add(x, out, T * d);
+    } else {
+      project_add(L.wo, att, x);
+    }
 
     be.rms_norm(x, L.ffn_norm, xn, d);
     project(L.w_gate, xn, gate);
     project(L.w_up, xn, up);
-    be.swiglu(gate, up, T * c.d_ff);
-    project_add(L.w_down, gate, x);
+    if (c.glu == Glu::kGeGLU) {
+      be.geglu(gate, up, T * c.d_ff);
+    } else {
+      be.swiglu(gate, up, T * c.d_ff);
+    }
+    if (c.post_norms) {
+      project(L.w_down, gate, out);
+      be.rms_norm(out, L.ffn_post_norm, out, d);
+      be.add(x, out, T * d);
+    } else {
+      project_add(L.w_down, gate, x);
+    }
     if (residual_hook_) {
       const float* h = x;
       if (be.kind() != DeviceKind::kCpu) {

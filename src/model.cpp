@@ -1,6 +1,9 @@
 #include "barata/model.h"
 
+#include <unordered_set>
+
 #include "barata/error.h"
+#include "barata/file_io.h"
 
 namespace barata {
 namespace {
@@ -11,8 +14,13 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return out;
 }
 
+// The names of the tensors bound so far, so that a tensor the architecture
+// does not use is found (refuse_unused).
+using Used = std::unordered_set<std::string>;
+
 const GgufTensorInfo& require(const GgufFile& f, const std::string& name,
-                              const std::vector<int64_t>& shape) {
+                              const std::vector<int64_t>& shape, Used* used = nullptr) {
+  if (used != nullptr) used->insert(name);
   const GgufTensorInfo* t = f.find_tensor(name);
   if (t == nullptr)
     fail("{}: tensor {} is missing (expected shape {})", f.name(), name, shape_str(shape));
@@ -22,8 +30,9 @@ const GgufTensorInfo& require(const GgufFile& f, const std::string& name,
   return *t;
 }
 
-WeightDesc matrix(const GgufFile& f, const std::string& name, int64_t k, int64_t n_rows) {
-  const GgufTensorInfo& t = require(f, name, {k, n_rows});
+WeightDesc bind_matrix(const GgufFile& f, const std::string& name, int64_t k, int64_t n_rows,
+                       Used* used) {
+  const GgufTensorInfo& t = require(f, name, {k, n_rows}, used);
   WeightDesc w;
   w.type = t.type;
   w.k = k;
@@ -37,8 +46,8 @@ WeightDesc matrix(const GgufFile& f, const std::string& name, int64_t k, int64_t
 }
 
 // 1-D tensors (norms, biases) are small: convert to float once, whatever the type.
-std::vector<float> vector_f32(const GgufFile& f, const std::string& name, int64_t n) {
-  const GgufTensorInfo& t = require(f, name, {n});
+std::vector<float> bind_vector(const GgufFile& f, const std::string& name, int64_t n, Used* used) {
+  const GgufTensorInfo& t = require(f, name, {n}, used);
   std::vector<float> out(static_cast<size_t>(n));
   if (t.data != nullptr) dequantize_tensor_row(t.type, t.data, n, 0, out.data());
   return out;
@@ -50,6 +59,25 @@ void check_block_count(const GgufFile& f, const ModelConfig& c) {
   if (static_cast<uint64_t>(c.n_layer) * 9 > f.tensors().size())
     fail("{}: {}.block_count = {} needs at least {} tensors but the file has {}", f.name(), c.arch,
          c.n_layer, c.n_layer * 9, f.tensors().size());
+}
+
+// Every tensor of the file was bound, or is one barata reads elsewhere
+// (rope_freqs.weight, into the config): anything else is named, never
+// silently left out of the forward pass.
+void refuse_unused(const GgufFile& f, const ModelConfig& c, const Used& used) {
+  std::vector<std::string> unused;
+  for (const GgufTensorInfo& t : f.tensors())
+    if (!used.count(t.name) && !(t.name == "rope_freqs.weight" && !c.rope_freq_factors.empty()))
+      unused.push_back(t.name);
+  if (unused.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < std::min<size_t>(unused.size(), 4); ++i)
+    list += (i ? ", " : "") + printable(unused[i]);
+  if (unused.size() > 4) list += fmt::format(" and {} more", unused.size() - 4);
+  fail(
+      "{}: {} tensor{} that barata's {} architecture does not use: {} (it would run without "
+      "them, and wrongly)",
+      f.name(), unused.size(), unused.size() == 1 ? "" : "s", c.arch, list);
 }
 
 }  // namespace
@@ -67,30 +95,44 @@ Model Model::from_gguf(GgufFile file) {
   const GgufFile& f = m.file_;
   m.cfg_ = ModelConfig::from_gguf(f);
   const ModelConfig& c = m.cfg_;
+  Used used;
+  const auto matrix = [&](const std::string& name, int64_t k, int64_t n_rows) {
+    return bind_matrix(f, name, k, n_rows, &used);
+  };
+  const auto vector_f32 = [&](const std::string& name, int64_t n) {
+    return bind_vector(f, name, n, &used);
+  };
   const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
-  m.token_embd_ = matrix(f, "token_embd.weight", c.d_model, c.n_vocab);
-  m.output_ = c.tied_embeddings ? m.token_embd_ : matrix(f, "output.weight", c.d_model, c.n_vocab);
-  m.output_norm_ = vector_f32(f, "output_norm.weight", c.d_model);
+  m.token_embd_ = matrix("token_embd.weight", c.d_model, c.n_vocab);
+  m.output_ = c.tied_embeddings ? m.token_embd_ : matrix("output.weight", c.d_model, c.n_vocab);
+  m.output_norm_ = vector_f32("output_norm.weight", c.d_model);
   check_block_count(f, c);
   m.layers_.resize(static_cast<size_t>(c.n_layer));
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
     LayerWeights& L = m.layers_[static_cast<size_t>(i)];
-    L.attn_norm = vector_f32(f, p + "attn_norm.weight", c.d_model);
-    L.wq = matrix(f, p + "attn_q.weight", c.d_model, q_dim);
-    L.wk = matrix(f, p + "attn_k.weight", c.d_model, kv_dim);
-    L.wv = matrix(f, p + "attn_v.weight", c.d_model, kv_dim);
-    L.wo = matrix(f, p + "attn_output.weight", q_dim, c.d_model);
+    L.attn_norm = vector_f32(p + "attn_norm.weight", c.d_model);
+    L.wq = matrix(p + "attn_q.weight", c.d_model, q_dim);
+    L.wk = matrix(p + "attn_k.weight", c.d_model, kv_dim);
+    L.wv = matrix(p + "attn_v.weight", c.d_model, kv_dim);
+    L.wo = matrix(p + "attn_output.weight", q_dim, c.d_model);
     if (c.qkv_bias) {
-      L.bq = vector_f32(f, p + "attn_q.bias", q_dim);
-      L.bk = vector_f32(f, p + "attn_k.bias", kv_dim);
-      L.bv = vector_f32(f, p + "attn_v.bias", kv_dim);
+      L.bq = vector_f32(p + "attn_q.bias", q_dim);
+      L.bk = vector_f32(p + "attn_k.bias", kv_dim);
+      L.bv = vector_f32(p + "attn_v.bias", kv_dim);
     }
-    L.ffn_norm = vector_f32(f, p + "ffn_norm.weight", c.d_model);
-    L.w_gate = matrix(f, p + "ffn_gate.weight", c.d_model, c.d_ff);
-    L.w_up = matrix(f, p + "ffn_up.weight", c.d_model, c.d_ff);
-    L.w_down = matrix(f, p + "ffn_down.weight", c.d_ff, c.d_model);
+    if (c.qk_norm) {
+      L.q_norm = vector_f32(p + "attn_q_norm.weight", c.head_dim);
+      L.k_norm = vector_f32(p + "attn_k_norm.weight", c.head_dim);
+    }
+    if (c.post_norms) L.attn_post_norm = vector_f32(p + "post_attention_norm.weight", c.d_model);
+    L.ffn_norm = vector_f32(p + "ffn_norm.weight", c.d_model);
+    L.w_gate = matrix(p + "ffn_gate.weight", c.d_model, c.d_ff);
+    L.w_up = matrix(p + "ffn_up.weight", c.d_model, c.d_ff);
+    L.w_down = matrix(p + "ffn_down.weight", c.d_ff, c.d_model);
+    if (c.post_norms) L.ffn_post_norm = vector_f32(p + "post_ffw_norm.weight", c.d_model);
   }
+  refuse_unused(f, c, used);
   m.number_matrices();
   return m;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include <fmt/ranges.h>
 
@@ -9,19 +10,130 @@
 #include "barata/file_io.h"
 
 namespace barata {
+namespace {
+
+// The `<arch>.*` keys barata reads (below). Any other key under the
+// architecture's prefix may change the arithmetic (a sliding window, experts,
+// soft-capping, ...), so a file that has one is refused, naming it, rather
+// than run without it.
+constexpr std::string_view kKnownKeys[] = {
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "feed_forward_length",
+    "vocab_size",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "attention.layer_norm_rms_epsilon",
+    "rope.freq_base",
+    "rope.dimension_count",
+    "rope.scaling.type",
+    "rope.scaling.factor",
+    "rope.scale_linear",  // the older spelling of rope.scaling.factor
+    "rope.scaling.original_context_length",
+    "rope.scaling.attn_factor",
+    "rope.scaling.finetuned",  // informational: whether the model was tuned on the scaled context
+};
+
+void refuse_unknown_keys(const GgufFile& f, const std::string& arch, const ArchSpec& spec) {
+  const std::string prefix = arch + ".";
+  for (const auto& [key, value] : f.metadata()) {
+    if (key.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string_view rest = std::string_view(key).substr(prefix.size());
+    if (std::find(std::begin(kKnownKeys), std::end(kKnownKeys), rest) != std::end(kKnownKeys))
+      continue;
+    if (rest == "attention.sliding_window" && spec.swa_pattern > 0) continue;
+    // Keys that some converters write with their neutral value.
+    if ((rest == "expert_count" || rest == "expert_used_count") && f.get_int_opt(key) == 0)
+      continue;
+    fail(
+        "{}: metadata key '{}' is not supported by barata's {} architecture (it may change the "
+        "arithmetic; barata refuses rather than run without it)",
+        f.name(), printable(key), arch);
+  }
+}
+
+RopeScaling read_rope_scaling(const GgufFile& f, const std::string& a, int64_t n_ctx_train) {
+  RopeScaling r;
+  // llama.cpp's default type is "linear", which with no factor is the plain rotation.
+  const std::string key_type = a + "rope.scaling.type";
+  std::string type = "linear";
+  if (f.has(key_type)) type = f.get<std::string>(key_type);
+  if (type == "none") {
+    r.type = RopeScalingType::kNone;
+  } else if (type == "linear") {
+    r.type = RopeScalingType::kLinear;
+  } else if (type == "yarn") {
+    r.type = RopeScalingType::kYarn;
+  } else {
+    fail("{}: metadata key '{}' is '{}': barata knows none, linear and yarn", f.name(), key_type,
+         printable(type));
+  }
+  std::string key_factor = a + "rope.scaling.factor";
+  auto factor = f.get_number_opt(key_factor);
+  if (!factor) {
+    key_factor = a + "rope.scale_linear";
+    factor = f.get_number_opt(key_factor);
+  }
+  if (factor && *factor != 0.0) {
+    if (!std::isfinite(*factor) || *factor < 1e-3 || *factor > 1e6)
+      fail("{}: metadata key '{}' is {}, expected a finite number from 0.001 to 1e6", f.name(),
+           key_factor, *factor);
+    // As llama.cpp: scaling type none never scales.
+    if (r.type != RopeScalingType::kNone) r.freq_scale = static_cast<float>(1.0 / *factor);
+  }
+  r.n_ctx_orig = n_ctx_train;
+  const std::string key_orig = a + "rope.scaling.original_context_length";
+  if (auto o = f.get_int_opt(key_orig)) {
+    if (*o <= 0 || *o > (int64_t{1} << 32))
+      fail("{}: metadata key '{}' is {}, expected 1 to 2^32", f.name(), key_orig, *o);
+    r.n_ctx_orig = *o;
+  }
+  const std::string key_attn = a + "rope.scaling.attn_factor";
+  if (auto af = f.get_number_opt(key_attn)) {
+    if (!std::isfinite(*af) || *af <= 0.0 || *af > 100.0)
+      fail("{}: metadata key '{}' is {}, expected a finite number in (0, 100]", f.name(), key_attn,
+           *af);
+    r.attn_factor = static_cast<float>(*af);
+  }
+  r.ext_factor = r.type == RopeScalingType::kYarn ? 1.0f : 0.0f;
+  return r;
+}
+
+}  // namespace
+
+const char* rope_scaling_name(RopeScalingType t) {
+  switch (t) {
+    case RopeScalingType::kNone:
+      return "none";
+    case RopeScalingType::kLinear:
+      return "linear";
+    case RopeScalingType::kYarn:
+      return "yarn";
+  }
+  return "?";
+}
 
 const std::vector<std::string>& ModelConfig::supported_architectures() {
-  static const std::vector<std::string> kArchs = {"llama", "qwen2"};
+  static const std::vector<std::string> kArchs = [] {
+    std::vector<std::string> v;
+    for (const ArchSpec& a : architectures()) v.emplace_back(a.name);
+    return v;
+  }();
   return kArchs;
 }
 
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   ModelConfig c;
   c.arch = f.get<std::string>("general.architecture");
-  const auto& archs = supported_architectures();
-  if (std::find(archs.begin(), archs.end(), c.arch) == archs.end())
+  c.spec = find_architecture(c.arch);
+  if (c.spec == nullptr)
     fail("{}: unsupported architecture '{}' (supported: {})", f.name(), printable(c.arch),
-         fmt::join(archs, ", "));
+         architecture_names());
+  const ArchSpec& spec = *c.spec;
+  refuse_unknown_keys(f, c.arch, spec);
   const std::string a = c.arch + ".";
   // Every size is range-checked before anything is sized by it: a hostile
   // file must not make barata allocate (or loop) in proportion to a number
@@ -69,7 +181,26 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   if (c.rope_dims <= 0 || c.rope_dims > c.head_dim || c.rope_dims % 2 != 0)
     fail("{}: metadata key '{}' is {}, expected an even number from 2 to the head dim {}", f.name(),
          a + "rope.dimension_count", c.rope_dims, c.head_dim);
-  c.rope_style = c.arch == "qwen2" ? RopeStyle::kNeox : RopeStyle::kNormal;
+  c.rope_style = spec.rope_style;
+  c.rope_scaling = read_rope_scaling(f, a, c.n_ctx_train);
+  c.post_norms = spec.post_norms == Presence::kYes;
+  c.glu = spec.glu;
+  c.embed_scale = spec.embed_scale ? std::sqrt(static_cast<float>(c.d_model)) : 1.0f;
+  // As llama.cpp: Gemma 3's 27B (62 layers) scales by its d_model / n_head.
+  c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  if (c.arch == "gemma3" && c.n_layer == 62)
+    c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.d_model / c.n_head));
+  if (spec.swa_pattern > 0) {
+    const std::string key = a + "attention.sliding_window";
+    c.n_swa = in_range(key, f.get_int(key), int64_t{1} << 32);
+    if (c.n_swa > c.n_ctx_train)
+      fail("{}: {} = {} is larger than {} = {}", f.name(), key, c.n_swa, a + "context_length",
+           c.n_ctx_train);
+    c.swa_layers.resize(static_cast<size_t>(c.n_layer));
+    for (int64_t l = 0; l < c.n_layer; ++l)
+      c.swa_layers[static_cast<size_t>(l)] = l % spec.swa_pattern < spec.swa_pattern - 1;
+    c.rope_base_swa = spec.rope_base_swa > 0.0f ? spec.rope_base_swa : c.rope_base;
+  }
   const double eps = f.get_number_opt(a + "attention.layer_norm_rms_epsilon").value_or(1e-5);
   if (!std::isfinite(eps) || eps <= 0.0 || eps >= 1.0)
     fail("{}: metadata key '{}' is {}, expected a finite number in (0, 1)", f.name(),
@@ -94,7 +225,33 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
            c.n_vocab);
   }
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
-  c.qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
+  // Optional per-layer tensors: the file says, through layer 0 (Model checks
+  // that every layer agrees: present in all or in none).
+  auto presence = [&](Presence p, const char* tensor, const char* what) {
+    const bool has = f.find_tensor(tensor) != nullptr;
+    if (p == Presence::kNo && has)
+      fail("{}: tensor {} ({}) is not part of barata's {} architecture", f.name(), tensor, what,
+           c.arch);
+    if (p == Presence::kYes && !has)
+      fail("{}: tensor {} ({}) is missing; every {} file has it", f.name(), tensor, what, c.arch);
+    return has;
+  };
+  c.qkv_bias = presence(spec.qkv_bias, "blk.0.attn_q.bias", "q/k/v biases");
+  c.qk_norm = presence(spec.qk_norm, "blk.0.attn_q_norm.weight", "per-head q/k norms");
+  if (presence(spec.rope_freqs, "rope_freqs.weight", "RoPE frequency factors")) {
+    const GgufTensorInfo& t = *f.find_tensor("rope_freqs.weight");
+    const int64_t want = c.rope_dims / 2;
+    if (t.shape.size() != 1 || t.shape[0] != want)
+      fail("{}: tensor rope_freqs.weight has {} values; {}.rope.dimension_count = {} needs {}",
+           f.name(), t.n_elements, c.arch, c.rope_dims, want);
+    c.rope_freq_factors.assign(static_cast<size_t>(want), 1.0f);
+    if (t.data != nullptr)
+      dequantize_tensor_row(t.type, t.data, want, 0, c.rope_freq_factors.data());
+    for (size_t i = 0; i < c.rope_freq_factors.size(); ++i)
+      if (!std::isfinite(c.rope_freq_factors[i]) || c.rope_freq_factors[i] <= 0.0f)
+        fail("{}: tensor rope_freqs.weight value {} is {}, expected a finite number above 0",
+             f.name(), i, c.rope_freq_factors[i]);
+  }
   return c;
 }
 

@@ -303,6 +303,14 @@ std::vector<uint8_t> expected_gguf(const Spec& s, const Checkpoint& c, bool as_n
     std::memcpy(bytes.data(), v.data(), bytes.size());
     w.add_tensor(name, DType::F32, std::vector<int64_t>(t.shape.rbegin(), t.shape.rend()),
                  std::move(bytes));
+    // qwen2 files always carry q/k/v biases (llama.cpp requires them too):
+    // a llama checkpoint written as qwen2 gets zero ones, the same function.
+    if (as_neox && s.arch == "llama" && name.ends_with(".weight") &&
+        (q || name.find("attn_k.") != std::string::npos ||
+         name.find("attn_v.") != std::string::npos)) {
+      std::string bias = name.substr(0, name.size() - 6) + "bias";
+      w.add_tensor(bias, DType::F32, {t.shape[0]}, std::vector<uint8_t>(t.shape[0] * 4, 0));
+    }
   }
   return w.to_bytes();
 }

@@ -184,6 +184,18 @@ TEST(CudaEngine, Aidreams260KMatchesCpu) {
   run_model(test::tiny_model("aidreams260K.gguf"), 1e-2);
 }
 
+// The architecture rows' optional steps on the CUDA backend: per-head q/k
+// RMSNorm (qwen3), RoPE tables with Llama 3's frequency factors and with
+// YaRN (the tables are shared: rope_tables), Gemma 3's embedding scale,
+// post-norms, GeGLU, sliding window (32 positions: the prompt and decode
+// cross it) and local RoPE base, against the CPU.
+TEST(CudaEngine, ArchitectureRowsMatchCpu) {
+  for (const char* name : {"tiny-qwen3", "tiny-llama3", "tiny-llama-yarn", "tiny-gemma3"}) {
+    SCOPED_TRACE(name);
+    run_model(test::data_dir() / "models" / "arch" / (std::string(name) + ".gguf"), 1e-2);
+  }
+}
+
 // The residual hook gets a host copy of the device's x, after every layer:
 // the same shape as on the CPU and values within the logits' bound.
 TEST(CudaEngine, ResidualHookCopiesToTheHost) {

@@ -83,18 +83,27 @@ class Backend {
   virtual void begin(const Batch& batch) = 0;
   virtual float* act(Act a) = 0;
 
-  virtual void embed(float* x) = 0;  // x = rows of the embedding table for the batch's tokens
+  // x = rows of the embedding table for the batch's tokens, times the
+  // config's embed_scale.
+  virtual void embed(float* x) = 0;
   // y = rmsnorm(x) * w, row by row (width d), for every batch row.
   virtual void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t d) = 0;
   // y = x W^T for every batch row (the backend picks GEMV or GEMM from the width).
   virtual void matmul(const WeightDesc& w, const float* x, float* y) = 0;
+  // In place: an RMSNorm of each of the n_heads heads of every batch row of
+  // x (head_dim values each), times the gains w (head_dim), the model's eps.
+  virtual void head_norm(float* x, const std::vector<float>& w, int64_t n_heads) = 0;
   virtual void add_bias(float* y, const std::vector<float>& b) = 0;  // per row
   // RoPE on q and k, then k and v stored into the batch's cache slots of `layer`.
   virtual void rope_kv(int64_t layer, float* q, float* k, const float* v) = 0;
-  // Causal attention of every row against its sequence's cache of `layer`.
+  // Causal attention of every row against its sequence's cache of `layer`
+  // (within the last n_swa positions when the layer is windowed), scores
+  // scaled by the config's attn_scale.
   virtual void attention(int64_t layer, const float* q, float* out) = 0;
   virtual void swiglu(float* gate, const float* up, int64_t n) = 0;  // gate = silu(gate) * up
-  virtual void add(float* x, const float* y, int64_t n) = 0;         // x += y
+  // gate = gelu(gate) * up, GELU's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+  virtual void geglu(float* gate, const float* up, int64_t n) = 0;
+  virtual void add(float* x, const float* y, int64_t n) = 0;  // x += y
   // The two above after a matmul, which a backend may fuse into its matmul's
   // output (the CUDA backend does: two launches a layer fewer, and three for
   // q/k/v biases), with the same additions. y = x W^T + b (b may be empty):
@@ -128,9 +137,14 @@ class Backend {
 };
 
 // RoPE tables of positions [p0, p1), row p - p0 holding rope_dims / 2 values:
-// theta_i = pos * base^(-2i / rope_dims), in double, rounded to fp32 once.
-// Every backend's tables come from here, so their angles are the same.
-void rope_tables(const ModelConfig& c, int64_t p0, int64_t p1, float* cos, float* sin);
+// theta_i = pos * base^(-2i / rope_dims) / factor_i (rope_freqs.weight, Llama
+// 3.1+), then the file's scaling (linear: times 1 / factor; YaRN: a ramp
+// between the two and cos, sin times its magnitude factor), in double,
+// rounded to fp32 once. Every backend's tables come from here, so their
+// angles are the same.
+// swa: the tables of the sliding-window layers (their own base, no scaling).
+void rope_tables(const ModelConfig& c, int64_t p0, int64_t p1, float* cos, float* sin,
+                 bool swa = false);
 
 // The backend for opts.device. CUDA in a build without it, or on a machine
 // without a usable GPU, is one barata::Error saying why.

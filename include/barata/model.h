@@ -28,16 +28,18 @@ struct WeightDesc {
 };
 
 struct LayerWeights {
-  std::vector<float> attn_norm;   // (d_model)
-  WeightDesc wq;                  // (n_head * head_dim rows, d_model)
-  WeightDesc wk;                  // (n_head_kv * head_dim rows, d_model)
-  WeightDesc wv;                  // (n_head_kv * head_dim rows, d_model)
-  WeightDesc wo;                  // (d_model rows, n_head * head_dim)
-  std::vector<float> bq, bk, bv;  // (rows of wq / wk / wv), qwen2 only; empty otherwise
-  std::vector<float> ffn_norm;    // (d_model)
-  WeightDesc w_gate;              // (d_ff rows, d_model)
-  WeightDesc w_up;                // (d_ff rows, d_model)
-  WeightDesc w_down;              // (d_model rows, d_ff)
+  std::vector<float> attn_norm;       // (d_model)
+  WeightDesc wq;                      // (n_head * head_dim rows, d_model)
+  WeightDesc wk;                      // (n_head_kv * head_dim rows, d_model)
+  WeightDesc wv;                      // (n_head_kv * head_dim rows, d_model)
+  WeightDesc wo;                      // (d_model rows, n_head * head_dim)
+  std::vector<float> bq, bk, bv;      // (rows of wq / wk / wv) when the file has them; else empty
+  std::vector<float> q_norm, k_norm;  // (head_dim) per-head RMSNorm gains (qwen3); else empty
+  std::vector<float> attn_post_norm, ffn_post_norm;  // (d_model) gemma3; else empty
+  std::vector<float> ffn_norm;                       // (d_model)
+  WeightDesc w_gate;                                 // (d_ff rows, d_model)
+  WeightDesc w_up;                                   // (d_ff rows, d_model)
+  WeightDesc w_down;                                 // (d_model rows, d_ff)
 };
 
 class Model {

@@ -26,6 +26,12 @@ void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
 
+// GELU, tanh form (what Gemma's "gelu_pytorch_tanh" and ggml_gelu compute).
+inline float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
+}
+
 class CpuBandwidthProbe final : public BandwidthProbe {
  public:
   CpuBandwidthProbe(ThreadPool& pool, int64_t bytes)
@@ -131,6 +137,8 @@ class CpuBackend final : public Backend {
       embed_row_(e.data + static_cast<size_t>(token) * e.row_bytes, x + t * d, e.k);
       if (e.scale != 1.0f)
         for (int64_t j = 0; j < e.k; ++j) x[t * d + j] *= e.scale;
+      if (const float s = model_->config().embed_scale; s != 1.0f)
+        for (int64_t j = 0; j < e.k; ++j) x[t * d + j] *= s;
     }
     wrote(x);
   }
@@ -147,6 +155,15 @@ class CpuBackend final : public Backend {
     const WeightView& w = views_[static_cast<size_t>(desc.id)];
     barata::matmul(*pool_, w, acts_for(w, x), y, w.n_rows);
     wrote(y);
+  }
+
+  void head_norm(float* x, const std::vector<float>& w, int64_t n_heads) override {
+    const float eps = model_->config().norm_eps;
+    const int64_t hd = static_cast<int64_t>(w.size());
+    rows(batch_->size() * n_heads, hd, [&](int64_t h0, int64_t h1) {
+      for (int64_t h = h0; h < h1; ++h) rms_norm_row(x + h * hd, w.data(), x + h * hd, hd, eps);
+    });
+    wrote(x);
   }
 
   void add_bias(float* y, const std::vector<float>& b) override {
@@ -167,6 +184,13 @@ class CpuBackend final : public Backend {
         const float g = gate[i];
         gate[i] = g / (1.0f + std::exp(-g)) * up[i];
       }
+    });
+    wrote(gate);
+  }
+
+  void geglu(float* gate, const float* up, int64_t n) override {
+    elements(n, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) gate[i] = gelu_tanh(gate[i]) * up[i];
     });
     wrote(gate);
   }
@@ -272,6 +296,7 @@ class CpuBackend final : public Backend {
   int64_t scratch_rows_ = 0;
   std::vector<float> bufs_[static_cast<size_t>(Act::kCount)];
   std::vector<float> rope_cos_, rope_sin_;  // (positions made so far, rope_dims / 2)
+  std::vector<float> swa_cos_, swa_sin_;    // the same for the sliding-window layers (if any)
   PreparedActs acts_f32_, acts_q8_;
 };
 
@@ -306,6 +331,11 @@ void CpuBackend::ensure_rope(int64_t n_pos) {
   rope_cos_.resize(static_cast<size_t>(want * half));
   rope_sin_.resize(rope_cos_.size());
   rope_tables(c, have, want, rope_cos_.data() + have * half, rope_sin_.data() + have * half);
+  if (c.n_swa > 0) {
+    swa_cos_.resize(rope_cos_.size());
+    swa_sin_.resize(rope_cos_.size());
+    rope_tables(c, have, want, swa_cos_.data() + have * half, swa_sin_.data() + have * half, true);
+  }
 }
 
 void CpuBackend::rope_kv(int64_t layer, float* q, float* k, const float* v) {
@@ -319,11 +349,14 @@ void CpuBackend::rope_kv(int64_t layer, float* q, float* k, const float* v) {
   // RoPE on q and k, in place. Normal style rotates pairs (2i, 2i+1); NeoX
   // rotates (i, i + rope_dims/2). The style is a template argument: the inner
   // loop has no branch on it.
+  const bool swa = c.is_swa(layer);
+  const float* cos_table = swa ? swa_cos_.data() : rope_cos_.data();
+  const float* sin_table = swa ? swa_sin_.data() : rope_sin_.data();
   auto run = [&](auto neox_tag) {
     constexpr bool kNeox = decltype(neox_tag)::value;
     auto rope = [&](float* x, int64_t pos) {
-      const float* cs = rope_cos_.data() + pos * half;
-      const float* sn = rope_sin_.data() + pos * half;
+      const float* cs = cos_table + pos * half;
+      const float* sn = sin_table + pos * half;
       for (int64_t i = 0; i < half; ++i) {
         const int64_t a = kNeox ? i : 2 * i, b = kNeox ? i + half : 2 * i + 1;
         const float x0 = x[a], x1 = x[b];
@@ -360,7 +393,9 @@ void CpuBackend::attention(int64_t layer, const float* q_all, float* att) {
   const int64_t T = batch_->size();
   const int64_t hd = c.head_dim, q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
   const int64_t group = c.n_head / c.n_head_kv;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = c.attn_scale;
+  // A windowed layer's row at position p sees positions (p - n_swa, p].
+  const int64_t window = c.is_swa(layer) ? c.n_swa : 0;
   constexpr int64_t B = kKvBlockTokens;
   const KvLayout& L = pool_kv_->layout();
   const Batch& batch = *batch_;
@@ -373,28 +408,29 @@ void CpuBackend::attention(int64_t layer, const float* q_all, float* att) {
       const BatchRowMeta& r = batch.rows[static_cast<size_t>(t)];
       const int32_t* table = batch.block_tables.data() + r.table;
       const int64_t n = static_cast<int64_t>(r.pos) + 1;
+      const int64_t first = window > 0 ? std::max<int64_t>(0, n - window) : 0;  // first key seen
       if (static_cast<int64_t>(scores.size()) < n) scores.resize(static_cast<size_t>(n));
       const float* q = q_all + t * q_dim + h * hd;
       float mx = -INFINITY;
-      for (int64_t b0 = 0; b0 < n; b0 += B) {
+      for (int64_t b0 = first / B * B; b0 < n; b0 += B) {
         const uint16_t* kb = pool_kv_->block(table[b0 / B]) + L.offset(layer, 0, 0) + kvh * hd;
-        for (int64_t j = 0; j < std::min(B, n - b0); ++j) {
+        for (int64_t j = std::max<int64_t>(0, first - b0); j < std::min(B, n - b0); ++j) {
           const float s = ops.dot_f16_f32(kb + j * kv_dim, q, hd) * scale;
           scores[b0 + j] = s;
           mx = std::max(mx, s);
         }
       }
       float sum = 0.0f;
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = first; j < n; ++j) {
         scores[j] = std::exp(scores[j] - mx);
         sum += scores[j];
       }
       const float inv = 1.0f / sum;
       float* o = att + t * q_dim + h * hd;
       std::fill(o, o + hd, 0.0f);
-      for (int64_t b0 = 0; b0 < n; b0 += B) {
+      for (int64_t b0 = first / B * B; b0 < n; b0 += B) {
         const uint16_t* vb = pool_kv_->block(table[b0 / B]) + L.offset(layer, 1, 0) + kvh * hd;
-        for (int64_t j = 0; j < std::min(B, n - b0); ++j)
+        for (int64_t j = std::max<int64_t>(0, first - b0); j < std::min(B, n - b0); ++j)
           ops.axpy_f16(scores[b0 + j] * inv, vb + j * kv_dim, o, hd);
       }
     }

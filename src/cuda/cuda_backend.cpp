@@ -271,7 +271,8 @@ class CudaBackend final : public Backend {
   void embed(float* x) override {
     if (wrote_acts()) return;
     const DevWeight& e = weights_[static_cast<size_t>(model_->token_embd().id)];
-    launch_embed(e.type, e.data, e.row_bytes, e.scale, e.k, d_tokens(), rows_, x, stream_);
+    launch_embed(e.type, e.data, e.row_bytes, e.scale * model_->config().embed_scale, e.k,
+                 d_tokens(), rows_, x, stream_);
     after("embed");
   }
 
@@ -306,6 +307,13 @@ class CudaBackend final : public Backend {
     run_matmul(weights_[static_cast<size_t>(w.id)], x, rows_, acc, {.accumulate = true});
   }
 
+  void head_norm(float* x, const std::vector<float>& w, int64_t n_heads) override {
+    if (wrote_acts()) return;
+    launch_rmsnorm(x, vec(w), x, rows_ * n_heads, static_cast<int64_t>(w.size()),
+                   model_->config().norm_eps, nullptr, stream_, Q8Out{});
+    after("head_norm");
+  }
+
   void add_bias(float* y, const std::vector<float>& b) override {
     if (wrote_acts()) return;
     launch_add_bias(y, vec(b), rows_, static_cast<int64_t>(b.size()), stream_);
@@ -315,34 +323,43 @@ class CudaBackend final : public Backend {
   void rope_kv(int64_t layer, float* q, float* k, const float* v) override {
     layer_ = layer;
     if (wrote_acts()) return;
-    launch_rope_kv(q, k, v, d_rows(), rows_, rope_, kv_view(layer), stream_);
+    launch_rope_kv(q, k, v, d_rows(), rows_, model_->config().is_swa(layer) ? rope_swa_ : rope_,
+                   kv_view(layer), stream_);
     after("rope_kv");
   }
 
   void attention(int64_t layer, const float* q, float* out) override {
     if (wrote_acts()) return;
+    const AttnArgs& attn = model_->config().is_swa(layer) ? attn_swa_ : attn_;
     if (decode_shape_) {
-      launch_attention_decode(q, out, d_rows(), rows_, attn_, kv_view(layer), split_,
+      launch_attention_decode(q, out, d_rows(), rows_, attn, kv_view(layer), split_,
                               workspace_.as<float>(), stream_);
       after("attention_decode");
     } else {
-      launch_attention_prefill(q, out, d_rows(), d_tiles(), n_tiles_, attn_, kv_view(layer),
+      launch_attention_prefill(q, out, d_rows(), d_tiles(), n_tiles_, attn, kv_view(layer),
                                stream_);
       after("attention_prefill");
     }
   }
 
   void swiglu(float* gate, const float* up, int64_t n) override {
+    glu(gate, up, n, false);
+  }
+  void geglu(float* gate, const float* up, int64_t n) override {
+    glu(gate, up, n, true);
+  }
+
+  void glu(float* gate, const float* up, int64_t n, bool gelu) {
     if (wrote_acts()) return;
     const int64_t k = model_->config().d_ff;
     if (layer_ >= 0 && layer_ < static_cast<int64_t>(down_of_layer_.size()) && n == rows_ * k &&
         q8_read({down_of_layer_[static_cast<size_t>(layer_)]}, rows_, k)) {
-      launch_swiglu_q8(gate, up, n, q8_out(), stream_);
+      launch_swiglu_q8(gate, up, n, q8_out(), stream_, gelu);
       after("swiglu");
       q8_holds(gate, rows_, k);
       return;
     }
-    launch_swiglu(gate, up, n, stream_);
+    launch_swiglu(gate, up, n, stream_, gelu);
     after("swiglu");
   }
 
@@ -519,8 +536,8 @@ class CudaBackend final : public Backend {
   KvLayout layout_;
   int64_t n_blocks_ = 0;
   uint16_t* pool_ = nullptr;
-  RopeArgs rope_;
-  AttnArgs attn_;
+  RopeArgs rope_, rope_swa_;  // the sliding-window layers' tables (the same without any)
+  AttnArgs attn_, attn_swa_;  // with the window
   DecodeSplit split_;
 
   // Per-batch state.
@@ -581,11 +598,13 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
   }
   int64_t vectors = 0;
   for (const LayerWeights& L : model.layers())
-    for (const auto* v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv})
+    for (const auto* v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm,
+                          &L.attn_post_norm, &L.ffn_post_norm})
       vectors += static_cast<int64_t>(v->size()) * 4;
   vectors += c.d_model * 4;
   const int64_t kv_bytes = kv.bytes_per_block() * n_blocks;
-  const int64_t rope_bytes = 2 * n_ctx * (c.rope_dims / 2) * 4;
+  // One pair of tables, two with sliding-window layers (their own base).
+  const int64_t rope_bytes = (c.n_swa > 0 ? 2 : 1) * 2 * n_ctx * (c.rope_dims / 2) * 4;
   const int64_t need = weights + vectors + kv_bytes + rope_bytes + kCublasWorkspace;
   size_t free_b = 0, total_b = 0;
   BARATA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -661,7 +680,9 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
     vecs_[v.data()] = p;
   };
   for (const LayerWeights& L : model.layers())
-    for (const auto* v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv}) upload_vec(*v);
+    for (const auto* v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm,
+                          &L.attn_post_norm, &L.ffn_post_norm})
+      upload_vec(*v);
   upload_vec(model.output_norm());
   // The matmuls that read each norm's output (and, by layer, swiglu's).
   norm_readers_.clear();
@@ -679,10 +700,20 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
   const int64_t half_dims = c.rope_dims / 2;
   std::vector<float> cs(static_cast<size_t>(n_ctx * half_dims)), sn(cs.size());
   rope_tables(c, 0, n_ctx, cs.data(), sn.data());
-  float* d_cos = static_cast<float*>(arena_.alloc(rope_bytes / 2, "RoPE tables"));
-  float* d_sin = static_cast<float*>(arena_.alloc(rope_bytes / 2, "RoPE tables"));
+  const int64_t table_bytes = static_cast<int64_t>(cs.size()) * 4;
+  float* d_cos = static_cast<float*>(arena_.alloc(table_bytes, "RoPE tables"));
+  float* d_sin = static_cast<float*>(arena_.alloc(table_bytes, "RoPE tables"));
   BARATA_CUDA_CHECK(cudaMemcpy(d_cos, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
   BARATA_CUDA_CHECK(cudaMemcpy(d_sin, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));
+  float* d_cos_swa = d_cos;
+  float* d_sin_swa = d_sin;
+  if (c.n_swa > 0) {
+    rope_tables(c, 0, n_ctx, cs.data(), sn.data(), true);
+    d_cos_swa = static_cast<float*>(arena_.alloc(table_bytes, "RoPE tables"));
+    d_sin_swa = static_cast<float*>(arena_.alloc(table_bytes, "RoPE tables"));
+    BARATA_CUDA_CHECK(cudaMemcpy(d_cos_swa, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+    BARATA_CUDA_CHECK(cudaMemcpy(d_sin_swa, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));
+  }
   rope_.n_head = static_cast<int32_t>(c.n_head);
   rope_.n_head_kv = static_cast<int32_t>(c.n_head_kv);
   rope_.head_dim = static_cast<int32_t>(c.head_dim);
@@ -690,10 +721,15 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
   rope_.neox = c.rope_style == RopeStyle::kNeox;
   rope_.cos = d_cos;
   rope_.sin = d_sin;
+  rope_swa_ = rope_;
+  rope_swa_.cos = d_cos_swa;
+  rope_swa_.sin = d_sin_swa;
   attn_.n_head = rope_.n_head;
   attn_.n_head_kv = rope_.n_head_kv;
   attn_.head_dim = rope_.head_dim;
-  attn_.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  attn_.scale = c.attn_scale;
+  attn_swa_ = attn_;
+  attn_swa_.window = static_cast<int32_t>(std::min<int64_t>(c.n_swa, n_ctx));
   // Decode splits: fixed by n_ctx, so a graph replays at any length; at most
   // 64 ranges of a multiple of 16 tokens, empty ones exit at once.
   const int64_t want_tokens = 256;

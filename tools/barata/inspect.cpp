@@ -76,6 +76,33 @@ struct TypeTotal {
   uint64_t n_bytes = 0;
 };
 
+// The optional steps of the architecture's layer this file turns on.
+std::vector<std::string> layer_steps(const ModelConfig& c) {
+  std::vector<std::string> s;
+  if (c.qkv_bias) s.push_back("q/k/v biases");
+  if (c.embed_scale != 1.0f) s.push_back(fmt::format("embedding x {:g}", c.embed_scale));
+  if (c.qk_norm) s.push_back("per-head q/k RMSNorm before RoPE");
+  if (c.post_norms) s.push_back("RMSNorm after attention and after the FFN");
+  if (c.glu == Glu::kGeGLU) s.push_back("GeGLU (tanh GELU)");
+  if (c.n_swa > 0) {
+    int64_t local = 0;
+    for (uint8_t w : c.swa_layers) local += w;
+    s.push_back(fmt::format("sliding window of {} on {} of {} layers (RoPE base {:g} there)",
+                            c.n_swa, local, c.n_layer, c.rope_base_swa));
+  }
+  if (!c.rope_freq_factors.empty())
+    s.push_back(fmt::format("RoPE frequency factors (rope_freqs.weight, {} pairs)",
+                            c.rope_freq_factors.size()));
+  const RopeScaling& r = c.rope_scaling;
+  if (r.freq_scale != 1.0f || r.type == RopeScalingType::kYarn)
+    s.push_back(fmt::format(
+        "RoPE scaling {} x{:g}{}", rope_scaling_name(r.type), 1.0 / r.freq_scale,
+        r.type == RopeScalingType::kYarn ? fmt::format(" (original context {})", r.n_ctx_orig)
+                                         : ""));
+  if (r.attn_factor != 1.0f) s.push_back(fmt::format("RoPE attention factor {:g}", r.attn_factor));
+  return s;
+}
+
 json build(const GgufFile& f) {
   json j;
   j["file"] = f.name();
@@ -146,6 +173,12 @@ json build(const GgufFile& f) {
                   {"norm_eps", json_float(c.norm_eps)},
                   {"tied_embeddings", c.tied_embeddings},
                   {"qkv_bias", c.qkv_bias},
+                  {"qk_norm", c.qk_norm},
+                  {"rope_scaling", rope_scaling_name(c.rope_scaling.type)},
+                  {"rope_freq_scale", json_float(c.rope_scaling.freq_scale)},
+                  {"rope_freq_factors", !c.rope_freq_factors.empty()},
+                  {"about", std::string(c.spec->about)},
+                  {"steps", layer_steps(c)},
                   {"kv_bytes_per_token_f16", c.kv_bytes_per_token()}};
   }
   if (f.has("tokenizer.ggml.tokens")) {
@@ -207,7 +240,7 @@ void print_text(const GgufFile& f, const json& j, bool show_tensors) {
 
   if (j.contains("model")) {
     const json& m = j["model"];
-    fmt::print("\nmodel ({}):\n", m["arch"].get<std::string>());
+    fmt::print("\nmodel ({}: {}):\n", m["arch"].get<std::string>(), m["about"].get<std::string>());
     fmt::print("  layers {}, d_model {}, heads {} / kv heads {}, head dim {}, d_ff {}\n",
                m["n_layer"].get<int64_t>(), m["d_model"].get<int64_t>(), m["n_head"].get<int64_t>(),
                m["n_head_kv"].get<int64_t>(), m["head_dim"].get<int64_t>(),
@@ -219,6 +252,9 @@ void print_text(const GgufFile& f, const json& j, bool show_tensors) {
     fmt::print("  embeddings {}, q/k/v bias {}\n",
                m["tied_embeddings"].get<bool>() ? "tied (logits reuse token_embd)" : "untied",
                m["qkv_bias"].get<bool>() ? "yes" : "no");
+    std::string steps;
+    for (const auto& s : m["steps"]) steps += (steps.empty() ? "" : "; ") + s.get<std::string>();
+    fmt::print("  optional steps: {}\n", steps.empty() ? "none" : steps);
     const int64_t kv = m["kv_bytes_per_token_f16"].get<int64_t>();
     fmt::print(
         "  KV cache (fp16): {} bytes per token = 2 x {} layers x {} kv heads x {} x 2; "

@@ -42,13 +42,23 @@ using barata::GgufType;
 using barata::GgufValue;
 using barata::GgufWriter;
 
+// How a preset's RoPE is scaled: none, Llama 3.1's frequency factors
+// (rope_freqs.weight, factor 8, low/high frequency factors 1 and 4 over an
+// original context of 8192), or the rope.scaling keys of linear / YaRN with
+// factor 4 (YaRN's original context: a quarter of the preset's).
+enum class Rope { kPlain, kLlama3, kLinear, kYarn };
+
 struct Preset {
   const char* name;
-  const char* arch;  // "qwen2" or "llama"
+  const char* arch;  // "qwen2", "llama" or "qwen3"
   int64_t n_layer, d_model, n_head, n_head_kv, d_ff, n_vocab, n_ctx;
   float rope_base, norm_eps;
   bool qkv_bias, tied;
   const char* about;
+  int64_t head_dim = 0;  // 0: d_model / n_head; else written as attention.key_length
+  bool qk_norm = false;  // attn_q_norm / attn_k_norm (qwen3)
+  Rope rope = Rope::kPlain;
+  int64_t window = 0;  // gemma3: attention.sliding_window and the post-norms
 };
 
 // Shapes of released models (their config.json) and two small ones for tests.
@@ -69,7 +79,60 @@ const Preset kPresets[] = {
      "tests: qwen2, 2 layers, d_model 128, 4/2 heads x 32, d_ff 384, vocab 1024, tied"},
     {"tiny-llama", "llama", 2, 128, 4, 4, 320, 768, 256, 1e4f, 1e-5f, false, false,
      "tests: llama, 2 layers, d_model 128, 4/4 heads x 32, d_ff 320, vocab 768, untied"},
+    // Qwen3-0.6B's config.json: 28 layers, d_model 1024, 16/8 heads of 128
+    // (attention.key_length; the query width 2048 is not d_model), d_ff 3072,
+    // rope base 1e6, eps 1e-6, tied.
+    {"qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 3072, 151936, 40960, 1e6f, 1e-6f, false, true,
+     "Qwen3-0.6B: 28 layers, d_model 1024, 16/8 heads x 128, d_ff 3072, vocab 151936, tied", 128,
+     true},
+    {"tiny-qwen3", "qwen3", 2, 128, 4, 2, 384, 1024, 512, 1e6f, 1e-6f, false, true,
+     "tests: qwen3, 2 layers, d_model 128, 4/2 heads x 64 (query width 256), q/k norms, tied", 64,
+     true},
+    // Llama 3.2 1B's RoPE (base 500000, llama3 factors) on a tiny body with a
+    // context long enough to reach the positions the factors change most.
+    {"tiny-llama3", "llama", 2, 128, 4, 2, 320, 768, 4096, 5e5f, 1e-5f, false, true,
+     "tests: llama with Llama 3.1's rope_freqs (base 500000), 2 layers, d_model 128, 4/2 heads x "
+     "32",
+     0, false, Rope::kLlama3},
+    {"tiny-llama-linear", "llama", 2, 128, 4, 2, 320, 768, 4096, 1e4f, 1e-5f, false, true,
+     "tests: llama with rope.scaling linear, factor 4", 0, false, Rope::kLinear},
+    {"tiny-llama-yarn", "llama", 2, 128, 4, 2, 320, 768, 4096, 1e4f, 1e-5f, false, true,
+     "tests: llama with rope.scaling yarn, factor 4, original context 1024", 0, false, Rope::kYarn},
+    // Gemma 3 270M's config.json: 18 layers, d_model 640, 4/1 heads of 256,
+    // d_ff 2048, vocab 262144, window 512, rope base 1e6, eps 1e-6, tied.
+    {"gemma3-270m", "gemma3", 18, 640, 4, 1, 2048, 262144, 32768, 1e6f, 1e-6f, false, true,
+     "Gemma 3 270M: 18 layers, d_model 640, 4/1 heads x 256, d_ff 2048, window 512, tied", 256,
+     true, Rope::kPlain, 512},
+    {"tiny-gemma3", "gemma3", 7, 64, 2, 1, 192, 512, 512, 1e6f, 1e-6f, false, true,
+     "tests: gemma3, 7 layers (local 0-4 and 6, global 5), d_model 64, 2/1 heads x 64, "
+     "window 32",
+     64, true, Rope::kPlain, 32},
 };
+
+// Llama 3.1's rope_scaling {"rope_type": "llama3", "factor": 8,
+// "low_freq_factor": 1, "high_freq_factor": 4,
+// "original_max_position_embeddings": 8192}, as the GGUF converter turns it
+// into rope_freqs.weight: one divisor per rotary pair (Meta's published
+// formula; also in transformers' _compute_llama3_parameters).
+std::vector<float> llama3_rope_factors(int64_t rope_dims, float base) {
+  const double factor = 8, low = 1, high = 4, old_ctx = 8192;
+  const double low_wavelen = old_ctx / low, high_wavelen = old_ctx / high;
+  std::vector<float> out;
+  for (int64_t i = 0; i < rope_dims; i += 2) {
+    const double freq =
+        1.0 / std::pow(static_cast<double>(base), static_cast<double>(i) / rope_dims);
+    const double wavelen = 2 * 3.14159265358979323846 / freq;
+    if (wavelen < high_wavelen) {
+      out.push_back(1.0f);
+    } else if (wavelen > low_wavelen) {
+      out.push_back(static_cast<float>(factor));
+    } else {
+      const double smooth = (old_ctx / wavelen - low) / (high - low);
+      out.push_back(static_cast<float>(1.0 / ((1 - smooth) / factor + smooth)));
+    }
+  }
+  return out;
+}
 
 const Preset* find_preset(const std::string& name) {
   for (const Preset& p : kPresets)
@@ -295,7 +358,7 @@ int run(const Options& o) {
         "--type {}: barata_synth writes F32, F16, BF16 or a llama.cpp block type; for barata's own "
         "schemes write F16 and run `barata quantize`",
         tr.name);
-  const int64_t head_dim = p.d_model / p.n_head;
+  const int64_t head_dim = p.head_dim > 0 ? p.head_dim : p.d_model / p.n_head;
   const int64_t q_dim = p.n_head * head_dim, kv_dim = p.n_head_kv * head_dim;
   for (int64_t k : {p.d_model, q_dim, p.d_ff})
     if (k % tr.block_size != 0)
@@ -323,6 +386,17 @@ int run(const Options& o) {
   w.set(a + "attention.head_count_kv", static_cast<uint32_t>(p.n_head_kv));
   w.set(a + "rope.freq_base", p.rope_base);
   w.set(a + "attention.layer_norm_rms_epsilon", p.norm_eps);
+  if (p.head_dim > 0) {
+    w.set(a + "attention.key_length", static_cast<uint32_t>(head_dim));
+    w.set(a + "attention.value_length", static_cast<uint32_t>(head_dim));
+  }
+  if (p.window > 0) w.set(a + "attention.sliding_window", static_cast<uint32_t>(p.window));
+  if (p.rope == Rope::kLinear || p.rope == Rope::kYarn) {
+    w.set(a + "rope.scaling.type", std::string(p.rope == Rope::kLinear ? "linear" : "yarn"));
+    w.set(a + "rope.scaling.factor", 4.0f);
+    if (p.rope == Rope::kYarn)
+      w.set(a + "rope.scaling.original_context_length", static_cast<uint32_t>(p.n_ctx / 4));
+  }
 
   Vocab vocab = make_vocab(p.n_vocab);
   w.set("tokenizer.ggml.model", "llama");
@@ -347,6 +421,13 @@ int run(const Options& o) {
   };
   const Dist weight{0.0f, o.std}, gain{1.0f, o.std}, bias{0.0f, o.std};
   tensor("token_embd.weight", p.d_model, p.n_vocab, *type, weight);
+  if (p.rope == Rope::kLlama3) {
+    std::vector<float> f = llama3_rope_factors(head_dim, p.rope_base);
+    std::vector<uint8_t> bytes(f.size() * 4);
+    std::memcpy(bytes.data(), f.data(), bytes.size());
+    w.add_tensor("rope_freqs.weight", DType::F32, {static_cast<int64_t>(f.size())},
+                 std::move(bytes));
+  }
   for (int64_t l = 0; l < p.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     tensor(b + "attn_norm.weight", p.d_model, 1, DType::F32, gain);
@@ -358,11 +439,17 @@ int run(const Options& o) {
       tensor(b + "attn_k.bias", kv_dim, 1, DType::F32, bias);
       tensor(b + "attn_v.bias", kv_dim, 1, DType::F32, bias);
     }
+    if (p.qk_norm) {
+      tensor(b + "attn_q_norm.weight", head_dim, 1, DType::F32, gain);
+      tensor(b + "attn_k_norm.weight", head_dim, 1, DType::F32, gain);
+    }
     tensor(b + "attn_output.weight", q_dim, p.d_model, *type, weight);
+    if (p.window > 0) tensor(b + "post_attention_norm.weight", p.d_model, 1, DType::F32, gain);
     tensor(b + "ffn_norm.weight", p.d_model, 1, DType::F32, gain);
     tensor(b + "ffn_gate.weight", p.d_model, p.d_ff, *type, weight);
     tensor(b + "ffn_up.weight", p.d_model, p.d_ff, *type, weight);
     tensor(b + "ffn_down.weight", p.d_ff, p.d_model, *type, weight);
+    if (p.window > 0) tensor(b + "post_ffw_norm.weight", p.d_model, 1, DType::F32, gain);
   }
   tensor("output_norm.weight", p.d_model, 1, DType::F32, gain);
   if (!p.tied) tensor("output.weight", p.d_model, p.n_vocab, *type, weight);
