@@ -30,7 +30,8 @@ std::optional<DeviceKind> parse_device(std::string_view name) {
   return std::nullopt;
 }
 
-void rope_tables(const ModelConfig& c, int64_t p0, int64_t p1, float* cos, float* sin, bool swa) {
+void rope_tables(const ModelConfig& c, int64_t p0, int64_t p1, float* cos, float* sin,
+                 int64_t n_ctx, bool swa) {
   const int64_t half = c.rope_dims / 2;
   const RopeScaling plain;
   const RopeScaling& s = swa ? plain : c.rope_scaling;
@@ -50,12 +51,17 @@ void rope_tables(const ModelConfig& c, int64_t p0, int64_t p1, float* cos, float
     lo = std::max(0.0, std::floor(corr_dim(s.beta_fast)));
     hi = std::min(static_cast<double>(c.rope_dims - 1), std::ceil(corr_dim(s.beta_slow)));
   }
-  const bool factors = !swa && !c.rope_freq_factors.empty();
+  // Frequency divisors: Llama 3's, or Phi-3's long or short ones by the
+  // context asked for (llama.cpp's get_rope_factors).
+  const std::vector<float>* ff = nullptr;
+  if (!swa && !c.rope_freq_factors.empty()) ff = &c.rope_freq_factors;
+  if (!swa && !c.rope_factors_long.empty())
+    ff = n_ctx > s.n_ctx_orig ? &c.rope_factors_long : &c.rope_factors_short;
   for (int64_t p = p0; p < p1; ++p)
     for (int64_t i = 0; i < half; ++i) {
       double theta =
           static_cast<double>(p) * std::pow(base, -2.0 * static_cast<double>(i) / c.rope_dims);
-      if (factors) theta /= c.rope_freq_factors[static_cast<size_t>(i)];
+      if (ff != nullptr) theta /= (*ff)[static_cast<size_t>(i)];
       const double extrap = theta;
       theta *= s.freq_scale;  // interpolation: positions compressed by the scaling factor
       double mscale = s.attn_factor;

@@ -9,7 +9,7 @@
 namespace barata {
 
 const std::vector<std::string>& chat_family_names() {
-  static const std::vector<std::string> kNames = {"chatml", "llama3", "gemma", "llama2"};
+  static const std::vector<std::string> kNames = {"chatml", "llama3", "gemma", "llama2", "phi3"};
   return kNames;
 }
 
@@ -22,6 +22,9 @@ std::optional<ChatFamily> detect_chat_family(std::string_view t) {
   if (t.find("<|start_header_id|>") != std::string_view::npos) return ChatFamily::kLlama3;
   if (t.find("<start_of_turn>") != std::string_view::npos) return ChatFamily::kGemma;
   if (t.find("[INST]") != std::string_view::npos) return ChatFamily::kLlama2;
+  if (t.find("<|assistant|>") != std::string_view::npos &&
+      t.find("<|end|>") != std::string_view::npos)
+    return ChatFamily::kPhi3;
   return std::nullopt;
 }
 
@@ -88,6 +91,14 @@ std::string apply_chat_template(ChatFamily f, const std::vector<ChatMessage>& me
       if (add_generation_prompt) out += "<start_of_turn>model\n";
       break;
     }
+    case ChatFamily::kPhi3:  // Phi-3's model card: <|role|>, newline, text, <|end|>, newline
+      for (const auto& m : messages) {
+        out += "<|" + m.role + "|>\n";
+        text(m.content);
+        out += "<|end|>\n";
+      }
+      if (add_generation_prompt) out += "<|assistant|>\n";
+      break;
     case ChatFamily::kLlama2: {
       std::optional<std::string> system;
       for (const auto& m : messages) {

@@ -45,6 +45,15 @@ WeightDesc bind_matrix(const GgufFile& f, const std::string& name, int64_t k, in
   return w;
 }
 
+// Rows [r0, r0 + n) of a matrix, as a matrix of its own (the parts of a
+// fused q/k/v or gate/up tensor): the same type, row length and scale.
+WeightDesc row_range(const WeightDesc& w, int64_t r0, int64_t n) {
+  WeightDesc v = w;
+  v.n_rows = n;
+  if (v.data != nullptr) v.data += static_cast<size_t>(r0) * w.row_bytes;
+  return v;
+}
+
 // 1-D tensors (norms, biases) are small: convert to float once, whatever the type.
 std::vector<float> bind_vector(const GgufFile& f, const std::string& name, int64_t n, Used* used) {
   const GgufTensorInfo& t = require(f, name, {n}, used);
@@ -54,11 +63,13 @@ std::vector<float> bind_vector(const GgufFile& f, const std::string& name, int64
 }
 
 void check_block_count(const GgufFile& f, const ModelConfig& c) {
-  // Each layer needs at least its 9 weight tensors: a block count the file
-  // cannot back is refused before the layers are allocated.
-  if (static_cast<uint64_t>(c.n_layer) * 9 > f.tensors().size())
+  // Each layer needs at least its weight tensors (9, fewer where q/k/v or
+  // gate/up are fused): a block count the file cannot back is refused before
+  // the layers are allocated.
+  const int64_t per_layer = 9 - (c.fused_qkv ? 2 : 0) - (c.fused_gate_up ? 1 : 0);
+  if (static_cast<uint64_t>(c.n_layer * per_layer) > f.tensors().size())
     fail("{}: {}.block_count = {} needs at least {} tensors but the file has {}", f.name(), c.arch,
-         c.n_layer, c.n_layer * 9, f.tensors().size());
+         c.n_layer, c.n_layer * per_layer, f.tensors().size());
 }
 
 // Every tensor of the file was bound, or is one barata reads elsewhere
@@ -67,7 +78,9 @@ void check_block_count(const GgufFile& f, const ModelConfig& c) {
 void refuse_unused(const GgufFile& f, const ModelConfig& c, const Used& used) {
   std::vector<std::string> unused;
   for (const GgufTensorInfo& t : f.tensors())
-    if (!used.count(t.name) && !(t.name == "rope_freqs.weight" && !c.rope_freq_factors.empty()))
+    if (!used.count(t.name) && !(t.name == "rope_freqs.weight" && !c.rope_freq_factors.empty()) &&
+        !((t.name == "rope_factors_long.weight" || t.name == "rope_factors_short.weight") &&
+          !c.rope_factors_long.empty()))
       unused.push_back(t.name);
   if (unused.empty()) return;
   std::string list;
@@ -112,9 +125,16 @@ Model Model::from_gguf(GgufFile file) {
     const std::string p = "blk." + std::to_string(i) + ".";
     LayerWeights& L = m.layers_[static_cast<size_t>(i)];
     L.attn_norm = vector_f32(p + "attn_norm.weight", c.d_model);
-    L.wq = matrix(p + "attn_q.weight", c.d_model, q_dim);
-    L.wk = matrix(p + "attn_k.weight", c.d_model, kv_dim);
-    L.wv = matrix(p + "attn_v.weight", c.d_model, kv_dim);
+    if (c.fused_qkv) {
+      const WeightDesc qkv = matrix(p + "attn_qkv.weight", c.d_model, q_dim + 2 * kv_dim);
+      L.wq = row_range(qkv, 0, q_dim);
+      L.wk = row_range(qkv, q_dim, kv_dim);
+      L.wv = row_range(qkv, q_dim + kv_dim, kv_dim);
+    } else {
+      L.wq = matrix(p + "attn_q.weight", c.d_model, q_dim);
+      L.wk = matrix(p + "attn_k.weight", c.d_model, kv_dim);
+      L.wv = matrix(p + "attn_v.weight", c.d_model, kv_dim);
+    }
     L.wo = matrix(p + "attn_output.weight", q_dim, c.d_model);
     if (c.qkv_bias) {
       L.bq = vector_f32(p + "attn_q.bias", q_dim);
@@ -127,8 +147,14 @@ Model Model::from_gguf(GgufFile file) {
     }
     if (c.post_norms) L.attn_post_norm = vector_f32(p + "post_attention_norm.weight", c.d_model);
     L.ffn_norm = vector_f32(p + "ffn_norm.weight", c.d_model);
-    L.w_gate = matrix(p + "ffn_gate.weight", c.d_model, c.d_ff);
-    L.w_up = matrix(p + "ffn_up.weight", c.d_model, c.d_ff);
+    if (c.fused_gate_up) {
+      const WeightDesc gate_up = matrix(p + "ffn_up.weight", c.d_model, 2 * c.d_ff);
+      L.w_gate = row_range(gate_up, 0, c.d_ff);
+      L.w_up = row_range(gate_up, c.d_ff, c.d_ff);
+    } else {
+      L.w_gate = matrix(p + "ffn_gate.weight", c.d_model, c.d_ff);
+      L.w_up = matrix(p + "ffn_up.weight", c.d_model, c.d_ff);
+    }
     L.w_down = matrix(p + "ffn_down.weight", c.d_ff, c.d_model);
     if (c.post_norms) L.ffn_post_norm = vector_f32(p + "post_ffw_norm.weight", c.d_model);
   }

@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include "barata/error.h"
 #include "barata/file_io.h"
@@ -44,7 +45,8 @@ void refuse_unknown_keys(const GgufFile& f, const std::string& arch, const ArchS
     const std::string_view rest = std::string_view(key).substr(prefix.size());
     if (std::find(std::begin(kKnownKeys), std::end(kKnownKeys), rest) != std::end(kKnownKeys))
       continue;
-    if (rest == "attention.sliding_window" && spec.swa_pattern > 0) continue;
+    if (rest == "attention.sliding_window" && (spec.swa_pattern > 0 || spec.ignores_sliding_window))
+      continue;
     // Keys that some converters write with their neutral value.
     if ((rest == "expert_count" || rest == "expert_used_count") && f.get_int_opt(key) == 0)
       continue;
@@ -53,6 +55,23 @@ void refuse_unknown_keys(const GgufFile& f, const std::string& arch, const ArchS
         "arithmetic; barata refuses rather than run without it)",
         f.name(), printable(key), arch);
   }
+}
+
+// A 1-D tensor of RoPE frequency divisors, rope_dims / 2 finite positive values.
+std::vector<float> read_rope_factors(const GgufFile& f, const ModelConfig& c,
+                                     const std::string& name) {
+  const GgufTensorInfo& t = *f.find_tensor(name);
+  const int64_t want = c.rope_dims / 2;
+  if (t.shape.size() != 1 || t.shape[0] != want)
+    fail("{}: tensor {} has {} values; {}.rope.dimension_count = {} needs {}", f.name(), name,
+         t.n_elements, c.arch, c.rope_dims, want);
+  std::vector<float> v(static_cast<size_t>(want), 1.0f);
+  if (t.data != nullptr) dequantize_tensor_row(t.type, t.data, want, 0, v.data());
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]) || v[i] <= 0.0f)
+      fail("{}: tensor {} value {} is {}, expected a finite number above 0", f.name(), name, i,
+           v[i]);
+  return v;
 }
 
 RopeScaling read_rope_scaling(const GgufFile& f, const std::string& a, int64_t n_ctx_train) {
@@ -238,20 +257,24 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   };
   c.qkv_bias = presence(spec.qkv_bias, "blk.0.attn_q.bias", "q/k/v biases");
   c.qk_norm = presence(spec.qk_norm, "blk.0.attn_q_norm.weight", "per-head q/k norms");
-  if (presence(spec.rope_freqs, "rope_freqs.weight", "RoPE frequency factors")) {
-    const GgufTensorInfo& t = *f.find_tensor("rope_freqs.weight");
-    const int64_t want = c.rope_dims / 2;
-    if (t.shape.size() != 1 || t.shape[0] != want)
-      fail("{}: tensor rope_freqs.weight has {} values; {}.rope.dimension_count = {} needs {}",
-           f.name(), t.n_elements, c.arch, c.rope_dims, want);
-    c.rope_freq_factors.assign(static_cast<size_t>(want), 1.0f);
-    if (t.data != nullptr)
-      dequantize_tensor_row(t.type, t.data, want, 0, c.rope_freq_factors.data());
-    for (size_t i = 0; i < c.rope_freq_factors.size(); ++i)
-      if (!std::isfinite(c.rope_freq_factors[i]) || c.rope_freq_factors[i] <= 0.0f)
-        fail("{}: tensor rope_freqs.weight value {} is {}, expected a finite number above 0",
-             f.name(), i, c.rope_freq_factors[i]);
+  if (presence(spec.rope_freqs, "rope_freqs.weight", "RoPE frequency factors"))
+    c.rope_freq_factors = read_rope_factors(f, c, "rope_freqs.weight");
+  if (presence(spec.rope_long_short, "rope_factors_long.weight", "LongRoPE factors")) {
+    c.rope_factors_long = read_rope_factors(f, c, "rope_factors_long.weight");
+    if (f.find_tensor("rope_factors_short.weight") == nullptr)
+      fail("{}: tensor rope_factors_short.weight is missing (rope_factors_long.weight is there)",
+           f.name());
+    c.rope_factors_short = read_rope_factors(f, c, "rope_factors_short.weight");
+  } else if (spec.rope_long_short != Presence::kNo) {
+    presence(Presence::kNo, "rope_factors_short.weight", "LongRoPE factors without the long ones");
   }
+  c.fused_qkv = presence(spec.fused_qkv, "blk.0.attn_qkv.weight", "fused q/k/v");
+  c.fused_gate_up = spec.fused_gate_up;
+  if (spec.ignores_sliding_window && f.has(a + "attention.sliding_window"))
+    spdlog::warn(
+        "{}: {}.attention.sliding_window is not applied (as in llama.cpp: the file does not say "
+        "which layers use it); long contexts may differ from the model's training",
+        f.name(), c.arch);
   return c;
 }
 

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "barata/arch.h"
+#include "barata/chat_template.h"
 #include "barata/engine.h"
 #include "barata/error.h"
 #include "barata/gguf.h"
@@ -100,9 +101,10 @@ TEST_P(ArchReference, LogitsAndGreedyIdsMatchLlamaCpp) {
   const std::vector<json> refs = reference(GetParam());
   ASSERT_EQ(refs.size(), 3u);  // committed: no skip
   const Model model = Model::load(arch_model(GetParam()));
-  Engine engine(model, {.n_threads = 2, .n_ctx = refs[0]["n_ctx"].get<int64_t>()});
   for (const json& r : refs) {
     SCOPED_TRACE(r["prompt"].get<std::string>());
+    // The reference's context: Phi-3's LongRoPE factors depend on it.
+    Engine engine(model, {.n_threads = 2, .n_ctx = r["n_ctx"].get<int64_t>()});
     const Forced run = teacher_forced(engine, r);
     // The contract (tests/data/README.md) is 1e-2 at every step; one step of
     // a run may reach 2e-2: the long YaRN prompt has one, 0.0117 at position
@@ -179,7 +181,7 @@ TEST_P(ArchReference, NoCacheAndBatchOfFourAgree) {
 
 INSTANTIATE_TEST_SUITE_P(Rows, ArchReference,
                          ::testing::Values("tiny-qwen3", "tiny-llama3", "tiny-llama-linear",
-                                           "tiny-llama-yarn", "tiny-gemma3"),
+                                           "tiny-llama-yarn", "tiny-gemma3", "tiny-phi"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');
@@ -276,10 +278,10 @@ TEST(ArchReference, WithoutItsRopeScalingTheLongPromptIsWrong) {
 }
 
 TEST(Architectures, TheTableNamesEveryRow) {
-  EXPECT_EQ(architecture_names(), "llama, qwen2, qwen3, gemma3");
+  EXPECT_EQ(architecture_names(), "llama, qwen2, qwen3, gemma3, phi3");
   ASSERT_NE(find_architecture("qwen3"), nullptr);
   EXPECT_EQ(find_architecture("qwen3")->qk_norm, Presence::kYes);
-  EXPECT_EQ(find_architecture("phi3"), nullptr);
+  EXPECT_EQ(find_architecture("phi2"), nullptr);
 }
 
 struct Refusal {
@@ -295,8 +297,10 @@ TEST(Architectures, WhatBarataDoesNotUnderstandIsOneErrorNamingIt) {
   };
   const auto nothing = [](GgufWriter&) {};
   const std::vector<Refusal> cases = {
-      {"unknown architecture", "tiny-qwen3", set_str("general.architecture", "phi3"), "",
-       "unsupported architecture 'phi3' (supported: llama, qwen2, qwen3, gemma3)"},
+      {"unknown architecture", "tiny-qwen3", set_str("general.architecture", "phi2"), "",
+       "unsupported architecture 'phi2' (supported: llama, qwen2, qwen3, gemma3, phi3)"},
+      {"phi3 long factors without the short ones", "tiny-phi", nothing, "rope_factors_short.weight",
+       "tensor rope_factors_short.weight is missing"},
       {"gemma3 without its window", "tiny-gemma3",
        [](GgufWriter& w) { w.remove("gemma3.attention.sliding_window"); }, "",
        "gemma3.attention.sliding_window"},
@@ -362,6 +366,31 @@ TEST(Architectures, AnUnusedTensorIsNamed) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Each family's rendering of a two-turn conversation with a system prompt
+// equals llama.cpp's (llama_chat_apply_template with its built-in template
+// of that name, the same llama.cpp as above).
+TEST(Architectures, ChatFormatsEqualLlamaCppsRendering) {
+  std::ifstream f(test::data_dir() / "reference" / "arch" / "chat_llamacpp_4227c9b.json");
+  ASSERT_TRUE(f) << "committed";
+  const json ref = json::parse(f);
+  const std::vector<ChatMessage> msgs = {{"system", "You are a terse assistant."},
+                                         {"user", "What is the capital of France?"},
+                                         {"assistant", "Paris."},
+                                         {"user", "And of Italy?"}};
+  int n = 0;
+  for (const auto& [name, text] : ref.items()) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(apply_chat_template(chat_family_from_name(name), msgs, true),
+              text.get<std::string>());
+    ++n;
+  }
+  EXPECT_EQ(n, 4);  // chatml (qwen2, qwen3), llama3, gemma, phi3
+  // The family is found in each model family's own Jinja text.
+  EXPECT_EQ(detect_chat_family("{{'<|' + message['role'] + '|>' + '\n' + message['content'] + "
+                               "'<|end|>\n'}}{{'<|assistant|>\n'}}"),
+            ChatFamily::kPhi3);
 }
 
 // inspect names the row and every optional step the file turned on.

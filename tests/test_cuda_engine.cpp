@@ -188,9 +188,11 @@ TEST(CudaEngine, Aidreams260KMatchesCpu) {
 // RMSNorm (qwen3), RoPE tables with Llama 3's frequency factors and with
 // YaRN (the tables are shared: rope_tables), Gemma 3's embedding scale,
 // post-norms, GeGLU, sliding window (32 positions: the prompt and decode
-// cross it) and local RoPE base, against the CPU.
+// cross it) and local RoPE base, Phi-3's fused q/k/v and gate/up (row ranges
+// of one matrix) and LongRoPE factors, against the CPU.
 TEST(CudaEngine, ArchitectureRowsMatchCpu) {
-  for (const char* name : {"tiny-qwen3", "tiny-llama3", "tiny-llama-yarn", "tiny-gemma3"}) {
+  for (const char* name :
+       {"tiny-qwen3", "tiny-llama3", "tiny-llama-yarn", "tiny-gemma3", "tiny-phi"}) {
     SCOPED_TRACE(name);
     run_model(test::data_dir() / "models" / "arch" / (std::string(name) + ".gguf"), 1e-2);
   }

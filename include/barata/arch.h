@@ -38,6 +38,18 @@ struct ArchSpec {
   // attention output and of the FFN output before each residual add.
   Presence post_norms = Presence::kNo;
   Glu glu = Glu::kSwiGLU;
+  // blk.N.attn_qkv.weight: q, k and v as one matrix (rows q, then k, then
+  // v); without it the three are separate.
+  Presence fused_qkv = Presence::kNo;
+  // blk.N.ffn_up.weight holds 2 d_ff rows, the gate's then up's (no ffn_gate).
+  bool fused_gate_up = false;
+  // rope_factors_long.weight / rope_factors_short.weight (Phi-3's LongRoPE):
+  // frequency divisors as rope_freqs, the long ones when the context asked
+  // for is beyond rope.scaling.original_context_length.
+  Presence rope_long_short = Presence::kNo;
+  // attention.sliding_window is read and not applied (llama.cpp's choice
+  // for Phi-3, said with a warning at load).
+  bool ignores_sliding_window = false;
   bool embed_scale = false;  // the embedding rows times sqrt(d_model)
   // Sliding-window layers, from attention.sliding_window (required when
   // nonzero): layer l attends to the last `window` positions when

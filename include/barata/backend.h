@@ -142,9 +142,11 @@ class Backend {
 // between the two and cos, sin times its magnitude factor), in double,
 // rounded to fp32 once. Every backend's tables come from here, so their
 // angles are the same.
-// swa: the tables of the sliding-window layers (their own base, no scaling).
+// n_ctx: the context the engine runs with (it picks Phi-3's long or short
+// factors); swa: the tables of the sliding-window layers (their own base, no
+// scaling).
 void rope_tables(const ModelConfig& c, int64_t p0, int64_t p1, float* cos, float* sin,
-                 bool swa = false);
+                 int64_t n_ctx, bool swa = false);
 
 // The backend for opts.device. CUDA in a build without it, or on a machine
 // without a usable GPU, is one barata::Error saying why.

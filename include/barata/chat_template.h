@@ -12,14 +12,14 @@
 
 namespace barata {
 
-enum class ChatFamily { kChatML, kLlama3, kGemma, kLlama2 };
+enum class ChatFamily { kChatML, kLlama3, kGemma, kLlama2, kPhi3 };
 
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant"
   std::string content;
 };
 
-const char* chat_family_name(ChatFamily f);  // "chatml", "llama3", "gemma", "llama2"
+const char* chat_family_name(ChatFamily f);  // "chatml", "llama3", "gemma", "llama2", "phi3"
 const std::vector<std::string>& chat_family_names();
 std::optional<ChatFamily> detect_chat_family(std::string_view jinja);
 ChatFamily chat_family_from_name(std::string_view name);  // throws, listing the known names

@@ -44,11 +44,17 @@ struct ModelConfig {
   // 3.1+); empty when the file has none. Read here because every backend's
   // RoPE tables come from the config (rope_tables in backend.h).
   std::vector<float> rope_freq_factors;
+  // Phi-3's LongRoPE divisors (rope_factors_long / _short.weight); empty when
+  // the file has none. rope_tables takes the long ones for a context beyond
+  // rope_scaling.n_ctx_orig.
+  std::vector<float> rope_factors_long, rope_factors_short;
   float norm_eps = 1e-5f;        // attention.layer_norm_rms_epsilon
   bool tied_embeddings = false;  // no output.weight: logits reuse token_embd
   bool qkv_bias = false;         // attn_q/k/v.bias present (qwen2; optional for llama)
   bool qk_norm = false;          // attn_q_norm / attn_k_norm per head before RoPE (qwen3, gemma3)
   bool post_norms = false;       // post_attention_norm / post_ffw_norm before the residual adds
+  bool fused_qkv = false;        // attn_qkv.weight: q, k, v rows in one matrix (phi3)
+  bool fused_gate_up = false;    // ffn_up.weight: the gate's d_ff rows, then up's (phi3)
   Glu glu = Glu::kSwiGLU;        // the FFN's gate activation
   float embed_scale = 1.0f;      // embedding rows times this (gemma: sqrt(d_model))
   float attn_scale = 0.0f;       // the q.k scale: 1 / sqrt(head_dim) unless the row says

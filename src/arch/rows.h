@@ -9,5 +9,6 @@ extern const ArchSpec kLlama;
 extern const ArchSpec kQwen2;
 extern const ArchSpec kQwen3;
 extern const ArchSpec kGemma3;
+extern const ArchSpec kPhi3;
 
 }  // namespace barata::arch

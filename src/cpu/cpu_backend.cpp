@@ -330,11 +330,13 @@ void CpuBackend::ensure_rope(int64_t n_pos) {
   const int64_t want = std::min(n_ctx_, std::max({n_pos, 2 * have, int64_t{256}}));
   rope_cos_.resize(static_cast<size_t>(want * half));
   rope_sin_.resize(rope_cos_.size());
-  rope_tables(c, have, want, rope_cos_.data() + have * half, rope_sin_.data() + have * half);
+  rope_tables(c, have, want, rope_cos_.data() + have * half, rope_sin_.data() + have * half,
+              n_ctx_);
   if (c.n_swa > 0) {
     swa_cos_.resize(rope_cos_.size());
     swa_sin_.resize(rope_cos_.size());
-    rope_tables(c, have, want, swa_cos_.data() + have * half, swa_sin_.data() + have * half, true);
+    rope_tables(c, have, want, swa_cos_.data() + have * half, swa_sin_.data() + have * half, n_ctx_,
+                true);
   }
 }
 

@@ -699,7 +699,7 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
   // RoPE tables for every position, as the CPU makes them (double, rounded).
   const int64_t half_dims = c.rope_dims / 2;
   std::vector<float> cs(static_cast<size_t>(n_ctx * half_dims)), sn(cs.size());
-  rope_tables(c, 0, n_ctx, cs.data(), sn.data());
+  rope_tables(c, 0, n_ctx, cs.data(), sn.data(), n_ctx);
   const int64_t table_bytes = static_cast<int64_t>(cs.size()) * 4;
   float* d_cos = static_cast<float*>(arena_.alloc(table_bytes, "RoPE tables"));
   float* d_sin = static_cast<float*>(arena_.alloc(table_bytes, "RoPE tables"));
@@ -708,7 +708,7 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
   float* d_cos_swa = d_cos;
   float* d_sin_swa = d_sin;
   if (c.n_swa > 0) {
-    rope_tables(c, 0, n_ctx, cs.data(), sn.data(), true);
+    rope_tables(c, 0, n_ctx, cs.data(), sn.data(), n_ctx, true);
     d_cos_swa = static_cast<float*>(arena_.alloc(table_bytes, "RoPE tables"));
     d_sin_swa = static_cast<float*>(arena_.alloc(table_bytes, "RoPE tables"));
     BARATA_CUDA_CHECK(cudaMemcpy(d_cos_swa, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));

@@ -46,7 +46,11 @@ using barata::GgufWriter;
 // (rope_freqs.weight, factor 8, low/high frequency factors 1 and 4 over an
 // original context of 8192), or the rope.scaling keys of linear / YaRN with
 // factor 4 (YaRN's original context: a quarter of the preset's).
-enum class Rope { kPlain, kLlama3, kLinear, kYarn };
+// kLongRope: Phi-3's rope_factors_long / _short.weight (long ones rising from
+// 1 to 8 over the pairs, short ones from 1 to 1.25) with an original context
+// of a quarter of the preset's and rope.scaling.attn_factor
+// sqrt(1 + ln 4 / ln(original context)) (the converter's formula).
+enum class Rope { kPlain, kLlama3, kLinear, kYarn, kLongRope };
 
 struct Preset {
   const char* name;
@@ -103,6 +107,14 @@ const Preset kPresets[] = {
     {"gemma3-270m", "gemma3", 18, 640, 4, 1, 2048, 262144, 32768, 1e6f, 1e-6f, false, true,
      "Gemma 3 270M: 18 layers, d_model 640, 4/1 heads x 256, d_ff 2048, window 512, tied", 256,
      true, Rope::kPlain, 512},
+    // Phi-3 mini's config.json shape (32 layers, d_model 3072, 32/32 heads of
+    // 96, d_ff 8192, vocab 32064) is too big for tests: a tiny phi3 with the
+    // fused tensors and LongRoPE factors. (Not "phi3" in its name: llama.cpp
+    // gives tokens of Phi-3's own vocabulary special attributes when the
+    // model's name says phi3, and this vocabulary has none of them.)
+    {"tiny-phi", "phi3", 2, 128, 4, 2, 256, 768, 4096, 1e4f, 1e-5f, false, false,
+     "tests: phi3, fused qkv and gate+up, LongRoPE (original context 1024), 4/2 heads x 32", 0,
+     false, Rope::kLongRope},
     {"tiny-gemma3", "gemma3", 7, 64, 2, 1, 192, 512, 512, 1e6f, 1e-6f, false, true,
      "tests: gemma3, 7 layers (local 0-4 and 6, global 5), d_model 64, 2/1 heads x 64, "
      "window 32",
@@ -391,6 +403,11 @@ int run(const Options& o) {
     w.set(a + "attention.value_length", static_cast<uint32_t>(head_dim));
   }
   if (p.window > 0) w.set(a + "attention.sliding_window", static_cast<uint32_t>(p.window));
+  if (p.rope == Rope::kLongRope) {
+    w.set(a + "rope.scaling.original_context_length", static_cast<uint32_t>(p.n_ctx / 4));
+    w.set(a + "rope.scaling.attn_factor",
+          static_cast<float>(std::sqrt(1.0 + std::log(4.0) / std::log(p.n_ctx / 4.0))));
+  }
   if (p.rope == Rope::kLinear || p.rope == Rope::kYarn) {
     w.set(a + "rope.scaling.type", std::string(p.rope == Rope::kLinear ? "linear" : "yarn"));
     w.set(a + "rope.scaling.factor", 4.0f);
@@ -421,6 +438,18 @@ int run(const Options& o) {
   };
   const Dist weight{0.0f, o.std}, gain{1.0f, o.std}, bias{0.0f, o.std};
   tensor("token_embd.weight", p.d_model, p.n_vocab, *type, weight);
+  if (p.rope == Rope::kLongRope) {
+    const int64_t half = head_dim / 2;
+    for (const auto& [name, top] : {std::pair{"rope_factors_long.weight", 8.0},
+                                    std::pair{"rope_factors_short.weight", 1.25}}) {
+      std::vector<float> f(static_cast<size_t>(half));
+      for (int64_t i = 0; i < half; ++i)
+        f[static_cast<size_t>(i)] = static_cast<float>(1.0 + (top - 1.0) * i / (half - 1));
+      std::vector<uint8_t> bytes(f.size() * 4);
+      std::memcpy(bytes.data(), f.data(), bytes.size());
+      w.add_tensor(name, DType::F32, {half}, std::move(bytes));
+    }
+  }
   if (p.rope == Rope::kLlama3) {
     std::vector<float> f = llama3_rope_factors(head_dim, p.rope_base);
     std::vector<uint8_t> bytes(f.size() * 4);
@@ -431,9 +460,14 @@ int run(const Options& o) {
   for (int64_t l = 0; l < p.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     tensor(b + "attn_norm.weight", p.d_model, 1, DType::F32, gain);
-    tensor(b + "attn_q.weight", p.d_model, q_dim, *type, weight);
-    tensor(b + "attn_k.weight", p.d_model, kv_dim, *type, weight);
-    tensor(b + "attn_v.weight", p.d_model, kv_dim, *type, weight);
+    const bool phi3 = std::string(p.arch) == "phi3";  // q/k/v and gate/up fused
+    if (phi3) {
+      tensor(b + "attn_qkv.weight", p.d_model, q_dim + 2 * kv_dim, *type, weight);
+    } else {
+      tensor(b + "attn_q.weight", p.d_model, q_dim, *type, weight);
+      tensor(b + "attn_k.weight", p.d_model, kv_dim, *type, weight);
+      tensor(b + "attn_v.weight", p.d_model, kv_dim, *type, weight);
+    }
     if (p.qkv_bias) {
       tensor(b + "attn_q.bias", q_dim, 1, DType::F32, bias);
       tensor(b + "attn_k.bias", kv_dim, 1, DType::F32, bias);
@@ -446,8 +480,12 @@ int run(const Options& o) {
     tensor(b + "attn_output.weight", q_dim, p.d_model, *type, weight);
     if (p.window > 0) tensor(b + "post_attention_norm.weight", p.d_model, 1, DType::F32, gain);
     tensor(b + "ffn_norm.weight", p.d_model, 1, DType::F32, gain);
-    tensor(b + "ffn_gate.weight", p.d_model, p.d_ff, *type, weight);
-    tensor(b + "ffn_up.weight", p.d_model, p.d_ff, *type, weight);
+    if (phi3) {
+      tensor(b + "ffn_up.weight", p.d_model, 2 * p.d_ff, *type, weight);
+    } else {
+      tensor(b + "ffn_gate.weight", p.d_model, p.d_ff, *type, weight);
+      tensor(b + "ffn_up.weight", p.d_model, p.d_ff, *type, weight);
+    }
     tensor(b + "ffn_down.weight", p.d_ff, p.d_model, *type, weight);
     if (p.window > 0) tensor(b + "post_ffw_norm.weight", p.d_model, 1, DType::F32, gain);
   }
