@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <span>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "barata/error.h"
@@ -185,7 +186,7 @@ BatteryPrompt battery_prompt(const Tokenizer& tok, std::string_view question,
     fail(
         "cannot tell the chat template family from tokenizer.chat_template; name one ({}) or ask "
         "without a template",
-        "chatml, llama3, gemma, llama2");
+        fmt::join(chat_family_names(), ", "));
   return {single_turn_prompt(*family, jinja, question), true};
 }
 

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "barata/battery.h"
@@ -39,7 +40,7 @@ int run(const BatteryArgs& a) {
       fail(
           "{}: cannot tell the chat template family from tokenizer.chat_template; name one with "
           "--chat-template ({}) or ask without one (--no-chat)",
-          s.path, "chatml, llama3, gemma, llama2");
+          s.path, fmt::join(chat_family_names(), ", "));
     if (o.chat_family) template_name = chat_family_name(*o.chat_family);
     o.plain = !o.chat_family;
   }

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "barata/error.h"
@@ -117,7 +118,7 @@ ChatFamily choose_chat_family(const std::string& name, const Session& s) {
   fail(
       "{}: cannot tell the chat template family from tokenizer.chat_template; name one with "
       "--chat-template ({})",
-      s.path, "chatml, llama3, gemma, llama2");
+      s.path, fmt::join(chat_family_names(), ", "));
 }
 
 std::string system_prompt_or_default(const std::string& given, const Session& s) {
