@@ -200,9 +200,9 @@ void Engine::run(const Batch& b, float* logits) {
       residual_hook_(l, h, T, d);
     }
   }
-  int64_t attn = 0;
-  for (const BatchRowMeta& r : b.rows) attn += 2 * (static_cast<int64_t>(r.pos) + 1) * c.head_dim;
-  counts_.attn_macs = attn * c.n_head * c.n_layer;
+  int64_t attn = 0;  // over every layer (a windowed one reads at most its window)
+  for (const BatchRowMeta& r : b.rows) attn += 2 * c.attended_positions(r.pos) * c.head_dim;
+  counts_.attn_macs = attn * c.n_head;
   // Final norm and logits only for the rows that need them.
   be.logits(x, logits);
   const WeightDesc& o = model_.output();

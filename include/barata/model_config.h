@@ -1,6 +1,7 @@
 // The shape of a decoder-only transformer, read from `<arch>.*` metadata.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -70,6 +71,15 @@ struct ModelConfig {
   // fp16 K and V for every layer: 2 x n_layer x n_head_kv x head_dim x 2 bytes.
   int64_t kv_bytes_per_token(int64_t bytes_per_element = 2) const {
     return 2 * n_layer * n_head_kv * head_dim * bytes_per_element;
+  }
+
+  // Positions one query at position pos attends to, summed over the layers
+  // (a windowed layer sees at most n_swa of them).
+  int64_t attended_positions(int64_t pos) const {
+    int64_t local = 0;
+    for (uint8_t w : swa_layers) local += w != 0 && n_swa > 0;
+    const int64_t full = pos + 1;
+    return (n_layer - local) * full + local * std::min(full, n_swa > 0 ? n_swa : full);
   }
 
   // Throws barata::Error naming the key or the unsupported architecture.

@@ -48,10 +48,13 @@ std::vector<double> time_decode(Engine& e, int seq, int64_t n_cached, const Sett
 }
 
 // K/V bytes read by the timed decode steps, per step: step k attends over
-// n_cached + k + 1 positions.
+// n_cached + k + 1 positions (of a windowed layer: at most its window).
 int64_t kv_bytes_per_step(const Engine& e, int64_t n_cached, int64_t steps) {
-  const int64_t positions = steps * n_cached + steps * (steps + 1) / 2;
-  return positions * e.model().config().kv_bytes_per_token() / steps;
+  const ModelConfig& c = e.model().config();
+  int64_t layer_positions = 0;
+  for (int64_t k = 0; k < steps; ++k) layer_positions += c.attended_positions(n_cached + k);
+  // kv_bytes_per_token() covers every layer: per layer and position, / n_layer.
+  return layer_positions * (c.kv_bytes_per_token() / c.n_layer) / steps;
 }
 
 }  // namespace
