@@ -107,6 +107,17 @@ const Preset kPresets[] = {
     {"gemma3-270m", "gemma3", 18, 640, 4, 1, 2048, 262144, 32768, 1e6f, 1e-6f, false, true,
      "Gemma 3 270M: 18 layers, d_model 640, 4/1 heads x 256, d_ff 2048, window 512, tied", 256,
      true, Rope::kPlain, 512},
+    // Llama 3.2 1B's config.json: 16 layers, d_model 2048, 32/8 heads of 64,
+    // d_ff 8192, vocab 128256, rope base 500000 with the llama3 factors, tied.
+    {"llama3.2-1b", "llama", 16, 2048, 32, 8, 8192, 128256, 131072, 5e5f, 1e-5f, false, true,
+     "Llama 3.2 1B: 16 layers, d_model 2048, 32/8 heads x 64, d_ff 8192, vocab 128256, "
+     "rope_freqs",
+     0, false, Rope::kLlama3},
+    // (llama.cpp refuses this file's vocabulary: its general.name says phi3,
+    // which makes llama.cpp look for Phi-3's own tokens; see tiny-phi below.)
+    {"phi3-mini", "phi3", 32, 3072, 32, 32, 8192, 32064, 4096, 1e4f, 1e-5f, false, false,
+     "Phi-3 mini 4k: 32 layers, d_model 3072, 32/32 heads x 96, d_ff 8192, vocab 32064, fused "
+     "qkv and gate+up, untied"},
     // Phi-3 mini's config.json shape (32 layers, d_model 3072, 32/32 heads of
     // 96, d_ff 8192, vocab 32064) is too big for tests: a tiny phi3 with the
     // fused tensors and LongRoPE factors. (Not "phi3" in its name: llama.cpp
