@@ -120,12 +120,19 @@ Compared compare(Engine& cpu, Engine& gpu, const std::vector<int32_t>& prompt, i
 }
 
 // bound: on the logits (< 0: ids only). min_equal: greedy steps whose ids
-// must have been compared (not at a near-tie) and found equal.
-void run_model(const std::filesystem::path& path, double bound, int64_t min_equal = 0) {
+// must have been compared (not at a near-tie) and found equal. prompt_len > 0:
+// a prompt of that many ids (below 500) instead of the 17 of the default one;
+// n_ctx: the engines' context (the CUDA decode splits it in ranges of 256).
+void run_model(const std::filesystem::path& path, double bound, int64_t min_equal = 0,
+               int prompt_len = 0, int64_t n_ctx = 256) {
   const Model model = Model::load(path);
-  Engine cpu(model, {.n_threads = 2, .n_ctx = 256});
-  CUDA_ENGINE_OR_SKIP(gpu, model, 256);
-  const std::vector<int32_t> prompt{1, 400, 31, 7, 99, 250, 12, 8, 3, 77, 41, 5, 60, 2, 19, 33, 90};
+  Engine cpu(model, {.n_threads = 2, .n_ctx = n_ctx});
+  CUDA_ENGINE_OR_SKIP(gpu, model, n_ctx);
+  std::vector<int32_t> prompt{1, 400, 31, 7, 99, 250, 12, 8, 3, 77, 41, 5, 60, 2, 19, 33, 90};
+  if (prompt_len > 0) {
+    prompt.assign(1, 1);
+    for (int i = 1; i < prompt_len; ++i) prompt.push_back((i * 37 + 11) % 497 + 3);
+  }
   // The emulation runs every CUDA thread as a fiber: fewer steps there.
   const int steps = !test::emulated_backend() ? 24 : test::sanitized() ? 2 : 6;
   for (int width : {1, 4}) {
@@ -189,12 +196,15 @@ TEST(CudaEngine, Aidreams260KMatchesCpu) {
 // YaRN (the tables are shared: rope_tables), Gemma 3's embedding scale,
 // post-norms, GeGLU, sliding window (32 positions: the prompt and decode
 // cross it) and local RoPE base, Phi-3's fused q/k/v and gate/up (row ranges
-// of one matrix) and LongRoPE factors, against the CPU.
+// of one matrix) and LongRoPE factors, against the CPU. A 40-id prompt: past
+// Gemma's window, in prefill and decode (two decode splits of 256 at n_ctx 512,
+// the second empty).
 TEST(CudaEngine, ArchitectureRowsMatchCpu) {
   for (const char* name :
        {"tiny-qwen3", "tiny-llama3", "tiny-llama-yarn", "tiny-gemma3", "tiny-phi"}) {
     SCOPED_TRACE(name);
-    run_model(test::data_dir() / "models" / "arch" / (std::string(name) + ".gguf"), 1e-2);
+    run_model(test::data_dir() / "models" / "arch" / (std::string(name) + ".gguf"), 1e-2, 0, 40,
+              512);
   }
 }
 
