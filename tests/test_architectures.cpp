@@ -248,6 +248,18 @@ TEST(ArchReference, Gemma3RealWeightsMatchLlamaCpp) {
   EXPECT_LT(p95, 0.06);
 }
 
+// A file with no tokenizer.chat_template (this Gemma 3 270M has none) chats in
+// its architecture row's own format.
+TEST(ArchReference, Gemma3WithoutATemplateChatsInGemmasFormat) {
+  const auto path = test::model_path("gemma-3-270m-q4_k_m.gguf");
+  BARATA_NEED_FETCHED(path, "scripts/fetch-gemma3.sh");
+  const auto r = test::run_cli("-v run -m " + path.string() + " --chat -p hello -n 2 --temp 0");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("no tokenizer.chat_template; gemma3's own chat format (gemma)"),
+            std::string::npos)
+      << r.err;
+}
+
 // The file with one tensor left out, or with its metadata edited.
 std::vector<uint8_t> edited(const std::string& model, const std::function<void(GgufWriter&)>& edit,
                             const std::string& drop = "") {

@@ -57,7 +57,10 @@ struct ArchSpec {
   // global); 0: every layer sees the whole context.
   int swa_pattern = 0;
   float rope_base_swa = 0.0f;  // the local layers' RoPE base, unscaled (0: the file's)
-  std::string_view about;      // one line for `barata inspect`
+  // The chat format of the family, for a file with no tokenizer.chat_template
+  // ("" where the architecture spans families: llama).
+  std::string_view chat;
+  std::string_view about;  // one line for `barata inspect`
 };
 
 std::span<const ArchSpec> architectures();

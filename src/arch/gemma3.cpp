@@ -25,6 +25,7 @@ const ArchSpec kGemma3{
     .embed_scale = true,
     .swa_pattern = 6,
     .rope_base_swa = 10000.0f,
+    .chat = "gemma",
     .about =
         "Gemma 3: embedding x sqrt(d), q/k norms, post-norms, GeGLU, 5 local : 1 global layers",
 };

@@ -20,6 +20,7 @@ const ArchSpec kPhi3{
     .fused_gate_up = true,
     .rope_long_short = Presence::kOptional,
     .ignores_sliding_window = true,
+    .chat = "phi3",
     .about = "Phi-3/3.5 mini: fused qkv and gate+up, SwiGLU, RoPE (NeoX) with LongRoPE factors",
 };
 

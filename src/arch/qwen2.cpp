@@ -11,6 +11,7 @@ const ArchSpec kQwen2{
     .qkv_bias = Presence::kYes,
     .qk_norm = Presence::kNo,
     .rope_freqs = Presence::kNo,
+    .chat = "chatml",
     .about = "Qwen2, Qwen2.5: pre-norm, SwiGLU, q/k/v biases, RoPE (NeoX pairs)",
 };
 

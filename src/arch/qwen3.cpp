@@ -13,6 +13,7 @@ const ArchSpec kQwen3{
     .qkv_bias = Presence::kNo,
     .qk_norm = Presence::kYes,
     .rope_freqs = Presence::kNo,
+    .chat = "chatml",
     .about = "Qwen3: pre-norm, SwiGLU, per-head q/k RMSNorm, RoPE (NeoX pairs)",
 };
 

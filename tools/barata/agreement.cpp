@@ -111,7 +111,7 @@ Command add_agreement(CLI::App& app) {
       ->check(CLI::ExistingFile);
   sub->add_flag("--chat", a->chat, "Wrap each prompt in the base model's chat template");
   sub->add_option("--chat-template", a->chat_template,
-                  "chatml, llama3, gemma or llama2 (implies --chat)");
+                  "chatml, llama3, gemma, llama2 or phi3 (implies --chat)");
   sub->add_flag("--json", a->json, "Print the traces and the agreement as JSON");
   sub->callback([a] {
     if (!a->chat_template.empty()) a->chat = true;

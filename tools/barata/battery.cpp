@@ -84,7 +84,7 @@ Command add_battery(CLI::App& app) {
   sub->add_option("-n,--max-tokens", a->max_new_tokens, "Most tokens of each reply")
       ->check(CLI::Range(1, 4096));
   auto* ct = sub->add_option("--chat-template", a->chat_template,
-                             "chatml, llama3, gemma or llama2 (default: the file's)");
+                             "chatml, llama3, gemma, llama2 or phi3 (default: the file's)");
   sub->add_flag("--no-chat", a->no_chat, "Ask as \"Question: ...\\nAnswer:\", without a template")
       ->excludes(ct);
   sub->add_flag("--json", a->json, "Print every row and the score as JSON");

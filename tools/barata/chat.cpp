@@ -402,7 +402,7 @@ Command add_chat(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 30));
   add_sampling_options(sub, a->sampling);
   sub->add_option("--chat-template", a->chat_template,
-                  "chatml, llama3, gemma or llama2 (default: from the file)");
+                  "chatml, llama3, gemma, llama2 or phi3 (default: from the file)");
   sub->add_option("--system", a->system, "System prompt (default: the template's, if any)");
   sub->add_flag("--no-bos", a->no_bos, "Do not add the BOS token");
   return {sub, [a] { return chat(*a); }};

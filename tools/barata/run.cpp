@@ -178,7 +178,7 @@ Command add_run(CLI::App& app) {
   sub->add_flag("--no-kv-cache", a->no_cache, "Recompute the whole sequence at every step");
   sub->add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template");
   sub->add_option("--chat-template", a->chat_template,
-                  "chatml, llama3, gemma or llama2 (implies --chat)");
+                  "chatml, llama3, gemma, llama2 or phi3 (implies --chat)");
   sub->add_option("--system", a->system, "System prompt for --chat");
   sub->add_flag("--no-bos", a->no_bos, "Do not add the BOS token");
   sub->add_flag(

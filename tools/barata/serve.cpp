@@ -98,7 +98,7 @@ int serve(ServeArgs& a) {
   if (!a.chat_template.empty())
     family = chat_family_from_name(a.chat_template);
   else
-    family = detect_chat_family(s.tok.chat_template());
+    family = file_chat_family(s);
   if (!family)
     spdlog::warn("{}: no chat template barata knows; /v1/chat/completions answers 400", s.path);
   server.set_chat(family, system_prompt_or_default(a.system, s));
@@ -136,7 +136,7 @@ Command add_serve(CLI::App& app) {
       ->check(CLI::ExistingFile)
       ->excludes(key);
   sub->add_option("--chat-template", a->chat_template,
-                  "chatml, llama3, gemma or llama2 (default: from the file)")
+                  "chatml, llama3, gemma, llama2 or phi3 (default: from the file)")
       ->check(CLI::IsMember(chat_family_names()));
   sub->add_option("--system", a->system,
                   "System prompt when a conversation has none (default: the template's)");

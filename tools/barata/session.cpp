@@ -112,13 +112,26 @@ Session::Session(const ModelOptions& o)
                                             engine.kv_bytes_per_token()));
 }
 
+std::optional<ChatFamily> file_chat_family(const Session& s) {
+  if (auto f = detect_chat_family(s.tok.chat_template())) return f;
+  // A file with no template: its architecture's own format, when the row has one.
+  const std::string_view chat = s.model.config().spec->chat;
+  if (s.tok.chat_template().empty() && !chat.empty()) {
+    spdlog::info("{}: no tokenizer.chat_template; {}'s own chat format ({})", s.path,
+                 s.model.config().arch, chat);
+    return chat_family_from_name(chat);
+  }
+  return std::nullopt;
+}
+
 ChatFamily choose_chat_family(const std::string& name, const Session& s) {
   if (!name.empty()) return chat_family_from_name(name);
-  if (auto f = detect_chat_family(s.tok.chat_template())) return *f;
-  fail(
-      "{}: cannot tell the chat template family from tokenizer.chat_template; name one with "
-      "--chat-template ({})",
-      s.path, fmt::join(chat_family_names(), ", "));
+  if (auto f = file_chat_family(s)) return *f;
+  fail("{}: {}; name one with --chat-template ({})", s.path,
+       s.tok.chat_template().empty()
+           ? "the file has no tokenizer.chat_template"
+           : "cannot tell the chat template family from tokenizer.chat_template",
+       fmt::join(chat_family_names(), ", "));
 }
 
 std::string system_prompt_or_default(const std::string& given, const Session& s) {

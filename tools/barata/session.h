@@ -59,8 +59,11 @@ struct Session {
   double load_ms;
 };
 
-// --chat-template NAME when given, else the family detected from the file's
-// tokenizer.chat_template; an error naming the file when neither works.
+// The chat format a file asks for: its tokenizer.chat_template, else its
+// architecture row's own format (none for llama, whose files span families).
+std::optional<ChatFamily> file_chat_family(const Session& s);
+// --chat-template NAME when given, else file_chat_family; an error naming
+// the file when neither works.
 ChatFamily choose_chat_family(const std::string& name, const Session& s);
 // `given`, or the default system prompt the file's template inserts.
 std::string system_prompt_or_default(const std::string& given, const Session& s);
