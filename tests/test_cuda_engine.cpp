@@ -199,12 +199,20 @@ TEST(CudaEngine, Aidreams260KMatchesCpu) {
 // of one matrix) and LongRoPE factors, against the CPU. A 40-id prompt: past
 // Gemma's window, in prefill and decode (two decode splits of 256 at n_ctx 512,
 // the second empty).
+// Under the sanitizers (about 100 s a model there) only Gemma 3, whose
+// window is the one new kernel path, and Qwen3's head norms on the default
+// prompt; the RoPE tables and fused row ranges are host-side and shared.
 TEST(CudaEngine, ArchitectureRowsMatchCpu) {
-  for (const char* name :
-       {"tiny-qwen3", "tiny-llama3", "tiny-llama-yarn", "tiny-gemma3", "tiny-phi"}) {
+  const std::vector<std::pair<std::string, int>> all = {{"tiny-qwen3", 40},
+                                                        {"tiny-llama3", 40},
+                                                        {"tiny-llama-yarn", 40},
+                                                        {"tiny-gemma3", 40},
+                                                        {"tiny-phi", 40}};
+  const std::vector<std::pair<std::string, int>> sanitized = {{"tiny-gemma3", 40},
+                                                              {"tiny-qwen3", 0}};
+  for (const auto& [name, prompt_len] : test::sanitized() ? sanitized : all) {
     SCOPED_TRACE(name);
-    run_model(test::data_dir() / "models" / "arch" / (std::string(name) + ".gguf"), 1e-2, 0, 40,
-              512);
+    run_model(test::data_dir() / "models" / "arch" / (name + ".gguf"), 1e-2, 0, prompt_len, 512);
   }
 }
 

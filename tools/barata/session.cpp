@@ -129,7 +129,7 @@ ChatFamily choose_chat_family(const std::string& name, const Session& s) {
   if (auto f = file_chat_family(s)) return *f;
   fail("{}: {}; name one with --chat-template ({})", s.path,
        s.tok.chat_template().empty()
-           ? "the file has no tokenizer.chat_template"
+           ? "the file has no chat template (tokenizer.chat_template)"
            : "cannot tell the chat template family from tokenizer.chat_template",
        fmt::join(chat_family_names(), ", "));
 }
