@@ -217,7 +217,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
            c.n_ctx_train);
     c.swa_layers.resize(static_cast<size_t>(c.n_layer));
     for (int64_t l = 0; l < c.n_layer; ++l)
-      c.swa_layers[static_cast<size_t>(l)] = l % spec.swa_pattern < spec.swa_pattern - 1;
+      c.n_swa_layers += c.swa_layers[static_cast<size_t>(l)] =
+          l % spec.swa_pattern < spec.swa_pattern - 1;
     c.rope_base_swa = spec.rope_base_swa > 0.0f ? spec.rope_base_swa : c.rope_base;
   }
   const double eps = f.get_number_opt(a + "attention.layer_norm_rms_epsilon").value_or(1e-5);

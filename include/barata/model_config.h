@@ -63,6 +63,7 @@ struct ModelConfig {
   // positions (p - n_swa, p]. n_swa = 0: none.
   int64_t n_swa = 0;
   std::vector<uint8_t> swa_layers;  // per layer, 1 when windowed
+  int64_t n_swa_layers = 0;         // how many of them are
   float rope_base_swa = 0.0f;       // the windowed layers' RoPE base (no scaling, no factors)
   bool is_swa(int64_t layer) const {
     return n_swa > 0 && swa_layers[static_cast<size_t>(layer)] != 0;
@@ -76,10 +77,9 @@ struct ModelConfig {
   // Positions one query at position pos attends to, summed over the layers
   // (a windowed layer sees at most n_swa of them).
   int64_t attended_positions(int64_t pos) const {
-    int64_t local = 0;
-    for (uint8_t w : swa_layers) local += w != 0 && n_swa > 0;
     const int64_t full = pos + 1;
-    return (n_layer - local) * full + local * std::min(full, n_swa > 0 ? n_swa : full);
+    if (n_swa == 0) return n_layer * full;
+    return (n_layer - n_swa_layers) * full + n_swa_layers * std::min(full, n_swa);
   }
 
   // Throws barata::Error naming the key or the unsupported architecture.

@@ -85,10 +85,8 @@ std::vector<std::string> layer_steps(const ModelConfig& c) {
   if (c.post_norms) s.push_back("RMSNorm after attention and after the FFN");
   if (c.glu == Glu::kGeGLU) s.push_back("GeGLU (tanh GELU)");
   if (c.n_swa > 0) {
-    int64_t local = 0;
-    for (uint8_t w : c.swa_layers) local += w;
     s.push_back(fmt::format("sliding window of {} on {} of {} layers (RoPE base {:g} there)",
-                            c.n_swa, local, c.n_layer, c.rope_base_swa));
+                            c.n_swa, c.n_swa_layers, c.n_layer, c.rope_base_swa));
   }
   if (!c.rope_freq_factors.empty())
     s.push_back(fmt::format("RoPE frequency factors (rope_freqs.weight, {} pairs)",
