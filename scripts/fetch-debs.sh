@@ -24,7 +24,8 @@ for arg in "$@"; do
   esac
 done
 
-DEV=(libcli11-dev libfmt-dev libspdlog-dev libgtest-dev libgmock-dev nlohmann-json3-dev libpcre2-dev libedit-dev)
+DEV=(libcli11-dev libfmt-dev libspdlog-dev libgtest-dev libgmock-dev nlohmann-json3-dev libpcre2-dev libedit-dev
+  libcpp-httplib-dev zlib1g-dev)
 TOOLS=(cmake cmake-data ninja-build pkgconf pkgconf-bin pkg-config libpkgconf3)
 # Never carried: the C runtime and compiler runtime must be the target's own.
 BASE_RE='^(libc6|libgcc-s1|libstdc\+\+6|gcc-[0-9]+-base|libc-dev|libc6-dev)$'

@@ -34,6 +34,7 @@
 # and a third time on fp32 activations (BARATA_CUDA_Q8_ACT=0) against 8-bit.
 # Everything lands in $OUT (or the logs folder), the summary in
 # cuda-results.md. Environment:
+#   BARATA_TEST_TIMEOUT  seconds a test may run (default 300)
 #   BARATA_BENCH_DEVICE  cuda (default) or cpu (a dry run of the pipeline)
 #   BARATA_BENCH_PRESET  barata_synth preset (default qwen2.5-0.5b; tiny for a dry run)
 #   BARATA_BENCH_LAYERS  override the presets' layer count
@@ -68,7 +69,7 @@ while [ $# -gt 0 ]; do
     --no-bench) NO_BENCH=1 ;;
     --no-build) NO_BUILD=1 ;;
     --) shift; EXTRA_CMAKE=("$@"); break ;;
-    -h | --help) sed -n '2,51p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,52p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -177,7 +178,7 @@ build_all() {
 run_tests() {
   step "tests"
   if [ "$ALLOW_NO_GPU" = 0 ]; then export BARATA_REQUIRE_GPU=1; fi
-  ctest --test-dir "$BUILD" -j "$(nproc)" --timeout 300 --output-on-failure \
+  ctest --test-dir "$BUILD" -j "$(nproc)" --timeout "${BARATA_TEST_TIMEOUT:-300}" --output-on-failure \
     --output-junit "$LOGS/ctest-junit.xml" >"$LOGS/ctest.log" 2>&1 || test_rc=$?
   grep -E "Test +#[0-9]+: Cuda" "$LOGS/ctest.log" || true
   sed -n '/tests passed/,$p' "$LOGS/ctest.log"
