@@ -50,6 +50,8 @@
 #   BARATA_CROSSOVER_TYPES  types of the crossover step (default "q4_k q8_0 nf4"; "" skips it)
 #   BARATA_CROSSOVER_BUDGET seconds of the budget kept for it (default 90)
 #   BARATA_BENCH_TMP     folder for the model files (default: a new one in /tmp)
+#   BARATA_ARCH_PRESETS  the architecture rows' presets checked after the benchmark
+#                        (default "qwen3-0.6b gemma3-270m llama3.2-1b phi3-mini"; "" skips)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -69,7 +71,7 @@ while [ $# -gt 0 ]; do
     --no-bench) NO_BENCH=1 ;;
     --no-build) NO_BUILD=1 ;;
     --) shift; EXTRA_CMAKE=("$@"); break ;;
-    -h | --help) sed -n '2,52p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,54p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -552,6 +554,77 @@ benchmark() {
   return "$rc"
 }
 
+# ---- the architecture rows on the device -------------------------------------
+
+# Each architecture row's full-shape synthetic model (barata_synth presets),
+# F16 and Q8_0: greedy ids on the device against the CPU on a prompt longer
+# than Gemma 3's window (so its local layers slide), and decode/prefill
+# tokens/s. Summary in arch-results.md.
+arch_check() {
+  step "architectures"
+  local presets="${BARATA_ARCH_PRESETS-qwen3-0.6b gemma3-270m llama3.2-1b phi3-mini}"
+  local bin="$BUILD/barata" synth="$BUILD/barata_synth" results="$LOGS/arch-results.md"
+  [ -n "$presets" ] || return 0
+  if [ "$HAVE_GPU" = 0 ]; then echo "no GPU: architectures skipped"; return 0; fi
+  local tmp rc=0 p t prompt
+  tmp="$(mktemp -d /tmp/barata-arch.XXXXXX)"
+  prompt="$(for _ in $(seq 60); do printf 'the quick brown fox jumps over a lazy dog. '; done)"
+  {
+    echo "## Architecture rows on the device: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    echo "Greedy, 16 tokens after a prompt of $(echo "$prompt" | wc -w) words (over 512 tokens: Gemma 3's window); \`barata bench --device cuda --tests prefill,decode -p 512 -c 64,2048 -r 3\`."
+    echo
+    echo "| preset | type | ids CUDA = CPU | first difference | tg C=64 tokens/s | tg C=2048 tokens/s | pp512 tokens/s |"
+    echo "|---|---|---|---|---:|---:|---:|"
+  } >"$results"
+  for p in $presets; do
+    local layers=()
+    if [ "$p" = phi3-mini ]; then layers=(--layers 8); fi
+    for t in F16 Q8_0; do
+      local f="$tmp/$p-$t.gguf" tag="$p-$t" same="-" diff="" tg64="-" tg2k="-" pp="-"
+      if ! timeout -k 5 120 "$synth" --preset "$p" --type "$t" --seed 0 "${layers[@]}" -o "$f" \
+        >"$LOGS/arch-$tag.log" 2>&1; then
+        echo "| $p${layers[*]:+ (${layers[*]})} | $t | synth failed | | | | |" >>"$results"
+        rc=1
+        continue
+      fi
+      timeout -k 5 120 "$bin" run -m "$f" -p "$prompt" -n 16 -c 4096 --temp 0 --json --top-logits 2 \
+        --device cuda >"$LOGS/arch-$tag-cuda.json" 2>>"$LOGS/arch-$tag.log" || rc=1
+      timeout -k 5 180 "$bin" run -m "$f" -p "$prompt" -n 16 -c 4096 --temp 0 --json --top-logits 2 \
+        --device cpu -t "$(nproc)" >"$LOGS/arch-$tag-cpu.json" 2>>"$LOGS/arch-$tag.log" || rc=1
+      local gi ci
+      gi="$(json_ids "$LOGS/arch-$tag-cuda.json" || true)"
+      ci="$(json_ids "$LOGS/arch-$tag-cpu.json" || true)"
+      if [ -z "$gi" ] || [ -z "$ci" ]; then
+        same="run failed"
+      elif [ "$gi" = "$ci" ]; then
+        same="yes (16)"
+      else
+        same="no"
+        local -a ga ca
+        IFS=, read -r -a ga <<<"$gi"
+        IFS=, read -r -a ca <<<"$ci"
+        local i=0
+        while [ "$i" -lt "${#ga[@]}" ] && [ "${ga[$i]}" = "${ca[$i]:-}" ]; do i=$((i + 1)); done
+        diff="token $i: CUDA \`$(json_top "$LOGS/arch-$tag-cuda.json" "$i")\` CPU \`$(json_top "$LOGS/arch-$tag-cpu.json" "$i")\`"
+      fi
+      if timeout --foreground -s INT -k 10 60 "$bin" bench -m "$f" --device cuda --tests prefill,decode \
+        -p 512 -c 64,2048 -r 3 --csv >"$LOGS/arch-$tag-bench.csv" 2>>"$LOGS/arch-$tag.log"; then
+        tg64="$(awk -F, '$1 == "decode" && $4 == 64 && $6 == "tokens_per_s" { printf "%.0f", $9 }' "$LOGS/arch-$tag-bench.csv")"
+        tg2k="$(awk -F, '$1 == "decode" && $4 == 2048 && $6 == "tokens_per_s" { printf "%.0f", $9 }' "$LOGS/arch-$tag-bench.csv")"
+        pp="$(awk -F, '$1 == "prefill" && $4 == 512 && $6 == "tokens_per_s" { printf "%.0f", $9 }' "$LOGS/arch-$tag-bench.csv")"
+      else
+        rc=1
+      fi
+      echo "| $p${layers[*]:+ (${layers[*]})} | $t | $same | $diff | ${tg64:--} | ${tg2k:--} | ${pp:--} |" >>"$results"
+      rm -f "$f"
+    done
+  done
+  rm -rf "$tmp"
+  cat "$results"
+  return "$rc"
+}
+
 main() {
   test_rc=0
   bench_rc=0
@@ -580,7 +653,10 @@ main() {
     build_all
   fi
   if [ "$BENCH_ONLY" = 0 ]; then run_tests; fi
-  if [ "$NO_BENCH" = 0 ]; then benchmark || bench_rc=$?; fi
+  if [ "$NO_BENCH" = 0 ]; then
+    benchmark || bench_rc=$?
+    arch_check || bench_rc=$?
+  fi
   step "done: tests exit $test_rc, benchmark exit $bench_rc, logs in $LOGS"
   [ "$test_rc" = 0 ] || return "$test_rc"
   return "$bench_rc"

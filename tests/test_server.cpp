@@ -199,7 +199,7 @@ TEST(Server, CompletionMatchesTheSchedulerAloneAndStreams) {
     if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
   }
   EXPECT_EQ(joined, text);
-  EXPECT_EQ(finish, j["choices"][0]["finish_reason"]);
+  EXPECT_EQ(finish, j["choices"][0]["finish_reason"].get<std::string>());
 }
 
 TEST(Server, ChatStreamsDeltasEndsWithUsageAndDone) {
@@ -597,7 +597,9 @@ TEST(ServerFraming, RequestsAreFramedOrRefusedWithTheRightStatus) {
 
 // Special tokens inside a chat message are text; the template's are tokens.
 TEST(ServerText, SpecialTokensInMessagesAreText) {
-  const Model m = Model::load(test::model_path("SmolLM2-135M-Instruct.Q4_1.gguf"));
+  const auto smol = test::model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
+  BARATA_NEED_FETCHED(smol, test::fetch_script_for(smol));
+  const Model m = Model::load(smol);
   const Tokenizer tok = Tokenizer::from_gguf(m.file());
   std::vector<TextRange> content;
   const std::string text = apply_chat_template(

@@ -372,17 +372,20 @@ class CudaBackend final : public Backend {
   void logits(const float* x, float* host_logits) override;
 
   void to_device(float* dst, const float* host, int64_t n) override {
+    run_capture_now();
     q8_of_ = nullptr;
     BARATA_CUDA_CHECK(
         cudaMemcpyAsync(dst, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
     BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void to_host(float* host, const float* src, int64_t n) override {
+    run_capture_now();
     BARATA_CUDA_CHECK(
         cudaMemcpyAsync(host, src, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
     BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void kv_to_host(int64_t layer, int kv, int32_t slot, uint16_t* host) override {
+    run_capture_now();
     const uint16_t* p = pool_ + (slot / kKvBlockTokens) * layout_.block_elems() +
                         layout_.offset(layer, kv, slot % kKvBlockTokens);
     BARATA_CUDA_CHECK(cudaMemcpyAsync(host, p, static_cast<size_t>(layout_.kv_dim) * 2,
@@ -492,6 +495,28 @@ class CudaBackend final : public Backend {
     q8_of_ = x;
     q8_n_ = n;
     q8_k_ = k;
+  }
+
+  // A host transfer in the middle of a step that is being captured (the op
+  // tests drive a decode-shaped batch one op at a time and read back between
+  // ops; a stream that is capturing refuses the synchronize): the capture
+  // ends there, what it recorded runs once, uncached, and the rest of the
+  // step runs eagerly. A forward's own steps never transfer mid-step, so
+  // their graphs are captured whole.
+  void run_capture_now() {
+    if (!capturing_) return;
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    BARATA_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    BARATA_CUDA_CHECK(err);
+    const cudaError_t launched = cudaGraphLaunch(exec, stream_);
+    const cudaError_t done = cudaStreamSynchronize(stream_);
+    cudaGraphExecDestroy(exec);
+    BARATA_CUDA_CHECK(launched);
+    BARATA_CUDA_CHECK(done);
   }
 
   void after(const char* op) {
