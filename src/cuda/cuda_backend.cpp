@@ -88,10 +88,10 @@ bool env_on(const char* name, bool dflt) {
 
 // BARATA_CUDA_QMM_MAX: the widest batch the skinny kernels (gemv, qmm) take
 // for a quantized weight; wider ones dequantize to fp16 for cuBLAS. The
-// default is an estimate, not a measurement (docs/cuda.md, "Kernel choice"):
-// qmm reads each activation row from L1 once per 4 weight rows, so past ~16
-// tokens its activation traffic outgrows what dequant + tensor cores costs.
-constexpr int64_t kDefaultQmmMax = 16;
+// default is the H200's measured crossover (docs/cuda.md, "Kernel choice"):
+// dequant + cuBLAS was at least as fast from B = 8 for Q8_0 and NF4, and
+// from B = 1 for Q4_K (within 4% up to B = 2).
+constexpr int64_t kDefaultQmmMax = 4;
 int64_t qmm_max_from_env() {
   const char* v = std::getenv("BARATA_CUDA_QMM_MAX");
   if (v == nullptr || *v == '\0') return kDefaultQmmMax;
