@@ -1,7 +1,7 @@
 // How kernels address the paged fp16 KV cache on the device and the rows of a
 // batch. The block layout is the CPU's (include/barata/kv_cache.h): a block of
-// block_tokens tokens holds, for every layer, K then V as
-// [layer][K|V][token in block][kv_dim] fp16 values.
+// block_tokens tokens holds, for every layer of one layer group, K then V as
+// [layer in group][K|V][token in block][kv_dim] fp16 values.
 #pragma once
 
 #include <cstdint>
@@ -12,11 +12,11 @@ namespace barata::cuda {
 
 struct KvDeviceView {
   uint16_t* pool = nullptr;               // fp16 bits; block b starts at pool + b * block_elems
-  int64_t block_elems = 0;                // 2 * n_layer * block_tokens * kv_dim
-  int32_t layer = 0;                      // the layer this call reads or writes
+  int64_t block_elems = 0;                // 2 * layers per group * block_tokens * kv_dim
+  int32_t layer = 0;                      // the layer this call reads or writes, in its group
   int32_t kv_dim = 0;                     // n_head_kv * head_dim
   int32_t block_tokens = 16;              // tokens per block
-  const int32_t* block_tables = nullptr;  // device: every sequence's table, concatenated
+  const int32_t* block_tables = nullptr;  // device: every sequence's table of the layer's group
 };
 
 // Element offset of K (kv = 0) or V (kv = 1) of the token in physical slot

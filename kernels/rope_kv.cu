@@ -43,8 +43,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  uint16_t* kc = kv.pool + kv_offset(kv, meta.slot, 0);
-  uint16_t* vc = kv.pool + kv_offset(kv, meta.slot, 1);
+  // The slot in this layer's group (kv.block_tables is the group's).
+  const int64_t slot = kv_slot(kv, meta.table, meta.pos);
+  uint16_t* kc = kv.pool + kv_offset(kv, slot, 0);
+  uint16_t* vc = kv.pool + kv_offset(kv, slot, 1);
   const float* vr = v + r * kv_dim;
   for (int64_t i = threadIdx.x; i < kv_dim; i += kThreads) {
     kc[i] = __half_as_ushort(float_to_half_rn(kr[i]));

@@ -16,9 +16,10 @@ struct RopeArgs {
   const float* sin = nullptr;
 };
 
-// For each of n_rows rows (rows[i].pos, rows[i].slot): rotates q (n_head x
+// For each of n_rows rows (rows[i].pos, rows[i].table): rotates q (n_head x
 // head_dim) and k (n_head_kv x head_dim) in place, with the CPU's arithmetic
-// (x0*c - x1*s, x0*s + x1*c), and writes k and v into the cache at rows[i].slot
+// (x0*c - x1*s, x0*s + x1*c), and writes k and v into the cache at the slot of
+// position rows[i].pos in the block table (kv.block_tables: the layer group's)
 // of kv.layer, rounded to fp16 to nearest even.
 void launch_rope_kv(float* q, float* k, const float* v, const BatchRowMeta* rows, int64_t n_rows,
                     const RopeArgs& rope, const KvDeviceView& kv, cudaStream_t stream);

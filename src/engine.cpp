@@ -14,9 +14,12 @@ Engine::Engine(const Model& model, EngineOptions opts)
 Engine::Engine(const Model& model, EngineOptions opts, std::unique_ptr<Backend> backend)
     : model_(model),
       n_ctx_(opts.n_ctx > 0 ? opts.n_ctx : model.config().n_ctx_train),
-      kv_layout_{model.config().n_layer, model.config().n_head_kv * model.config().head_dim},
+      kv_layout_(kv_layout_for(model.config(), opts.swa_full)),
+      // The pool holds cache_tokens tokens of every layer, in blocks of a
+      // group's layers.
       blocks_(((opts.cache_tokens > 0 ? opts.cache_tokens : n_ctx_) + kKvBlockTokens - 1) /
-              kKvBlockTokens) {
+                  kKvBlockTokens * kv_layout_.n_groups(),
+              kv_layout_.group_window.empty() ? std::vector<int64_t>{0} : kv_layout_.group_window) {
   if (n_ctx_ > std::numeric_limits<int32_t>::max())
     fail("a context of {} positions is more than {} (positions are 32-bit)", n_ctx_,
          std::numeric_limits<int32_t>::max());
@@ -99,7 +102,7 @@ void plan_batch(Batch& b, KvBlockManager& blocks, int64_t n_ctx, int64_t n_vocab
         need, kKvBlockTokens, blocks.free_blocks(), blocks.max_blocks());
 
   // Accepted: the cache grows, copies on write are made, rows get slots.
-  std::map<int32_t, int32_t> table_at;  // sequence -> offset in b.block_tables
+  std::map<int32_t, int32_t> table_at;  // sequence -> offset in each group's tables
   b.block_tables.clear();
   for (const auto& [s, end] : next) {
     blocks.append(s, end - blocks.length(s), copies);
@@ -107,6 +110,12 @@ void plan_batch(Batch& b, KvBlockManager& blocks, int64_t n_ctx, int64_t n_vocab
     table_at[s] = static_cast<int32_t>(b.block_tables.size());
     b.block_tables.insert(b.block_tables.end(), table.begin(), table.end());
   }
+  b.group_stride = static_cast<int32_t>(b.block_tables.size());
+  for (int g = 1; g < blocks.n_groups(); ++g)
+    for (const auto& [s, end] : next) {
+      const std::vector<int32_t>& table = blocks.table(s, g);
+      b.block_tables.insert(b.block_tables.end(), table.begin(), table.end());
+    }
   b.rows.resize(static_cast<size_t>(T));
   b.logit_rows.clear();
   b.max_pos = 0;

@@ -3,27 +3,71 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <numeric>
 #include <utility>
 
 #include <sys/mman.h>
 
 #include "barata/error.h"
+#include "barata/model_config.h"
 
 namespace barata {
 
-KvBlockManager::KvBlockManager(int64_t max_blocks) : max_blocks_(max_blocks) {
+KvLayout kv_layout_for(const ModelConfig& c, bool swa_full) {
+  KvLayout L{c.n_layer, c.n_head_kv * c.head_dim, {}, {}, {}, 0};
+  const int64_t n_local = c.n_swa > 0 ? c.n_swa_layers : 0;
+  if (swa_full || n_local == 0) return L;
+  if (n_local == c.n_layer) {  // every layer windowed: one group that slides
+    L.group_window = {c.n_swa};
+    return L;
+  }
+  const int64_t n_global = c.n_layer - n_local;
+  const int64_t g = std::gcd(n_local, n_global);
+  L.group_layers = g;
+  L.layer_group.resize(static_cast<size_t>(c.n_layer));
+  L.layer_index.resize(static_cast<size_t>(c.n_layer));
+  // Global layers fill the first groups, local ones the rest, in layer order.
+  int64_t next_global = 0, next_local = n_global;
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    int64_t& slot = c.is_swa(l) ? next_local : next_global;
+    L.layer_group[static_cast<size_t>(l)] = static_cast<int32_t>(slot / g);
+    L.layer_index[static_cast<size_t>(l)] = static_cast<int32_t>(slot % g);
+    ++slot;
+  }
+  for (int64_t k = 0; k < c.n_layer / g; ++k) L.group_window.push_back(k < n_global / g ? 0 : c.n_swa);
+  return L;
+}
+
+KvBlockManager::KvBlockManager(int64_t max_blocks, std::vector<int64_t> windows,
+                               int64_t keep_back)
+    : max_blocks_(max_blocks), windows_(std::move(windows)), keep_back_(keep_back) {
   if (max_blocks < 0 || max_blocks > INT32_MAX)
     fail("KV cache: {} blocks is outside 0..{}", max_blocks, INT32_MAX);
+  if (windows_.empty()) windows_ = {0};
+  for (int64_t w : windows_)
+    if (w < 0) fail("KV cache: a layer group with a window of {} positions", w);
+  if (keep_back_ < 0) fail("KV cache: keep_back of {} positions", keep_back_);
+}
+
+bool KvBlockManager::has_sliding_groups() const {
+  return std::any_of(windows_.begin(), windows_.end(), [](int64_t w) { return w > 0; });
+}
+
+KvBlockManager::Sequence KvBlockManager::fresh_sequence() const {
+  Sequence s;
+  s.live = true;
+  s.tables.resize(windows_.size());
+  return s;
 }
 
 int KvBlockManager::new_sequence() {
   for (size_t i = 0; i < seqs_.size(); ++i) {
     if (!seqs_[i].live) {
-      seqs_[i] = Sequence{true, 0, {}, {}};
+      seqs_[i] = fresh_sequence();
       return static_cast<int>(i);
     }
   }
-  seqs_.push_back(Sequence{true, 0, {}, {}});
+  seqs_.push_back(fresh_sequence());
   return static_cast<int>(seqs_.size() - 1);
 }
 
@@ -45,8 +89,18 @@ int64_t KvBlockManager::length(int seq) const {
   return live(seq).n_tokens;
 }
 
-const std::vector<int32_t>& KvBlockManager::table(int seq) const {
-  return live(seq).blocks;
+const std::vector<int32_t>& KvBlockManager::table(int seq, int group) const {
+  const Sequence& s = live(seq);
+  if (group < 0 || group >= n_groups())
+    fail("internal: KV cache: layer group {} of {}", group, n_groups());
+  return s.tables[static_cast<size_t>(group)];
+}
+
+int64_t KvBlockManager::blocks_held(int seq) const {
+  int64_t n = 0;
+  for (const auto& t : live(seq).tables)
+    for (int32_t b : t) n += b != kNoBlock ? 1 : 0;
+  return n;
 }
 
 void KvBlockManager::free_sequence(int seq) {
@@ -59,8 +113,25 @@ void KvBlockManager::truncate(int seq, int64_t n) {
   Sequence& s = live(seq);
   if (n >= s.n_tokens) return;
   const size_t keep = static_cast<size_t>((n + kBlockTokens - 1) / kBlockTokens);
-  for (size_t i = keep; i < s.blocks.size(); ++i) release_block(s.blocks[i]);
-  s.blocks.resize(keep);
+  // A sliding group must still hold what the next row (position n) reads.
+  if (n > 0) {
+    for (size_t g = 0; g < windows_.size(); ++g) {
+      if (windows_[g] == 0) continue;
+      const auto first = static_cast<size_t>(std::max<int64_t>(0, n + 1 - windows_[g]) / kBlockTokens);
+      if (first < keep && s.tables[g][first] == kNoBlock)
+        fail(
+            "KV cache: sequence {} cannot go back to {} of its {} tokens: its sliding-window "
+            "layers have released the blocks before position {} (a truncation may go back at most "
+            "{} positions behind the window)",
+            seq, n, s.n_tokens, s.released_to * kBlockTokens, keep_back_);
+    }
+  }
+  for (auto& t : s.tables) {
+    for (size_t i = keep; i < t.size(); ++i)
+      if (t[i] != kNoBlock) release_block(t[i]);
+    t.resize(std::min(t.size(), keep));
+  }
+  s.released_to = std::min<int64_t>(s.released_to, static_cast<int64_t>(keep));
   s.hashes.resize(std::min(s.hashes.size(), static_cast<size_t>(n / kBlockTokens)));
   s.n_tokens = n;
 }
@@ -71,9 +142,12 @@ int KvBlockManager::fork(int seq) {
   Sequence& c = seqs_[static_cast<size_t>(child)];
   const Sequence& p = seqs_[static_cast<size_t>(seq)];
   c.n_tokens = p.n_tokens;
-  c.blocks = p.blocks;
+  c.tables = p.tables;
   c.hashes = p.hashes;
-  for (int32_t b : c.blocks) ++refcount_[static_cast<size_t>(b)];
+  c.released_to = p.released_to;
+  for (const auto& t : c.tables)
+    for (int32_t b : t)
+      if (b != kNoBlock) ++refcount_[static_cast<size_t>(b)];
   return child;
 }
 
@@ -123,20 +197,48 @@ void KvBlockManager::unpublish(int32_t b) {
   c = Cached{};
 }
 
-// Whether appending n tokens must first copy the partly filled last block:
-// it is shared with another sequence, or published (immutable).
-bool KvBlockManager::must_copy(const Sequence& s, int64_t n) const {
-  if (n <= 0 || s.n_tokens % kBlockTokens == 0 || s.blocks.empty()) return false;
-  const auto b = static_cast<size_t>(s.blocks.back());
+// Whether appending n tokens must first copy group g's partly filled last
+// block: it is shared with another sequence, or published (immutable).
+bool KvBlockManager::must_copy(const Sequence& s, int group, int64_t n) const {
+  const auto& t = s.tables[static_cast<size_t>(group)];
+  if (n <= 0 || s.n_tokens % kBlockTokens == 0 || t.empty() || t.back() == kNoBlock) return false;
+  const auto b = static_cast<size_t>(t.back());
   return refcount_[b] > 1 || cached_[b].published;
+}
+
+int64_t KvBlockManager::blocks_needed(const Sequence& s, int64_t n) const {
+  const int64_t want = (s.n_tokens + n + kBlockTokens - 1) / kBlockTokens;
+  int64_t need = 0;
+  for (size_t g = 0; g < s.tables.size(); ++g)
+    need += std::max<int64_t>(want - static_cast<int64_t>(s.tables[g].size()), 0) +
+            (must_copy(s, static_cast<int>(g), n) ? 1 : 0);
+  return need;
 }
 
 int64_t KvBlockManager::blocks_needed(int seq, int64_t n) const {
   if (n < 0) fail("KV cache: append of {} tokens to sequence {}", n, seq);
-  const Sequence& s = live(seq);
-  const int64_t have = static_cast<int64_t>(s.blocks.size());
-  const int64_t want = (s.n_tokens + n + kBlockTokens - 1) / kBlockTokens;
-  return std::max<int64_t>(want - have, 0) + (must_copy(s, n) ? 1 : 0);
+  return blocks_needed(live(seq), n);
+}
+
+// Releases the sliding groups' blocks that hold only positions before
+// first_needed (minus keep_back): no row from here on reads them.
+void KvBlockManager::slide(Sequence& s, int64_t first_needed) {
+  for (size_t g = 0; g < windows_.size(); ++g) {
+    if (windows_[g] == 0) continue;
+    const int64_t from = first_needed - windows_[g] - keep_back_;
+    auto& t = s.tables[g];
+    const auto upto = static_cast<size_t>(
+        std::clamp<int64_t>(from / kBlockTokens, 0, static_cast<int64_t>(t.size())));
+    for (size_t i = static_cast<size_t>(s.released_to); i < upto; ++i) {
+      if (t[i] != kNoBlock) release_block(t[i]);
+      t[i] = kNoBlock;
+    }
+  }
+  if (has_sliding_groups()) {
+    const int64_t w = *std::max_element(windows_.begin(), windows_.end());
+    s.released_to = std::max<int64_t>(
+        s.released_to, std::max<int64_t>(0, first_needed - w - keep_back_) / kBlockTokens);
+  }
 }
 
 void KvBlockManager::append(int seq, int64_t n, std::vector<Copy>* copies) {
@@ -148,17 +250,21 @@ void KvBlockManager::append(int seq, int64_t n, std::vector<Copy>* copies) {
         n, need, kBlockTokens, free_blocks(), max_blocks_);
   Sequence& s = live(seq);
   const int64_t end = s.n_tokens + n;
-  // Copy on write: the partly filled last block may be shared with a fork,
-  // or published in the prefix cache.
-  if (must_copy(s, n)) {
-    const int32_t old = s.blocks.back();
-    const int32_t fresh = take_block();
-    if (copies) copies->push_back({old, fresh});
-    release_block(old);
-    s.blocks.back() = fresh;
+  // The first new row (position n_tokens) sees keys from n_tokens + 1 - window.
+  if (n > 0) slide(s, s.n_tokens + 1);
+  for (size_t g = 0; g < s.tables.size(); ++g) {
+    auto& t = s.tables[g];
+    // Copy on write: the partly filled last block may be shared with a fork,
+    // or published in the prefix cache.
+    if (must_copy(s, static_cast<int>(g), n)) {
+      const int32_t old = t.back();
+      const int32_t fresh = take_block();
+      if (copies) copies->push_back({old, fresh});
+      release_block(old);
+      t.back() = fresh;
+    }
+    while (static_cast<int64_t>(t.size()) * kBlockTokens < end) t.push_back(take_block());
   }
-  while (static_cast<int64_t>(s.blocks.size()) * kBlockTokens < end)
-    s.blocks.push_back(take_block());
   s.n_tokens = end;
 }
 
@@ -181,7 +287,7 @@ uint64_t block_hash(uint64_t parent, std::span<const int32_t> tokens) {
 
 void KvBlockManager::set_prefix_caching(bool on) {
   if (!on) clear_prefix_cache();
-  prefix_on_ = on;
+  prefix_on_ = on && n_groups() == 1 && !has_sliding_groups();
 }
 
 void KvBlockManager::clear_prefix_cache() {
@@ -215,7 +321,7 @@ int64_t KvBlockManager::attach_prefix(int seq, std::span<const int32_t> tokens) 
       ++n_in_use_;
     }
     ++refcount_[static_cast<size_t>(b)];
-    s.blocks.push_back(b);
+    s.tables[0].push_back(b);
     s.hashes.push_back(h);
     s.n_tokens += kBlockTokens;
     ++prefix_stats_.hit_blocks;
@@ -234,7 +340,7 @@ void KvBlockManager::publish(int seq, std::span<const int32_t> tokens) {
     const uint64_t parent = i == 0 ? 0 : s.hashes[i - 1];
     const auto blk = tokens.subspan(i * kBlockTokens, kBlockTokens);
     const uint64_t h = block_hash(parent, blk);
-    const int32_t b = s.blocks[i];
+    const int32_t b = s.tables[0][i];
     Cached& c = cached_[static_cast<size_t>(b)];
     if (!c.published && by_hash_.find(h) == by_hash_.end()) {
       c.published = true;

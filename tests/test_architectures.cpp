@@ -191,6 +191,62 @@ INSTANTIATE_TEST_SUITE_P(Rows, ArchReference,
                            return n;
                          });
 
+// Gemma 3's local layers give their blocks behind the window back to the
+// pool (layer groups, kv_cache.h): a sequence far past the window gives the
+// same logits, bit for bit, as with every block kept (--swa-full), holds the
+// blocks the formula says, and the pool's other users get the rest.
+TEST(ArchKvGroups, Gemma3FreesItsWindowsBlocksAndKeepsItsLogits) {
+  const Model model = Model::load(arch_model("tiny-gemma3"));
+  const ModelConfig& c = model.config();
+  ASSERT_EQ(c.n_swa, 32);
+  ASSERT_EQ(c.n_layer - c.n_swa_layers, 1);
+  const int64_t V = c.n_vocab;
+  Engine slid(model, {.n_threads = 2, .n_ctx = 512});
+  Engine full(model, {.n_threads = 2, .n_ctx = 512, .swa_full = true});
+  const KvBlockManager& kv = slid.blocks();
+  ASSERT_EQ(kv.n_groups(), 7);  // 1 global layer, 6 local: groups of one layer
+  ASSERT_EQ(full.blocks().n_groups(), 1);
+  // The same pool bytes: blocks of one layer, seven times as many.
+  EXPECT_EQ(kv.max_blocks(), full.blocks().max_blocks() * 7);
+  std::vector<int32_t> prompt{2};
+  for (int i = 1; i < 150; ++i) prompt.push_back((i * 37 + 11) % 500 + 3);
+  const int a = slid.new_sequence(), b = full.new_sequence();
+  std::vector<float> la(static_cast<size_t>(V)), lb(static_cast<size_t>(V));
+  slid.prefill(a, prompt, la.data());
+  full.prefill(b, prompt, lb.data());
+  ASSERT_EQ(la, lb) << "prefill";
+  int32_t next = argmax(la.data(), V);
+  for (int step = 0; step < 100; ++step) {
+    const int sa[1] = {a}, sb[1] = {b};
+    const int32_t t[1] = {next};
+    slid.decode(sa, t, la.data());
+    full.decode(sb, t, lb.data());
+    ASSERT_EQ(la, lb) << "decode step " << step;
+    next = argmax(la.data(), V);
+  }
+  const int64_t L = slid.length(a);  // 250
+  ASSERT_EQ(L, 250);
+  // The last append (position 249) released what position 249 + 1 - 32,
+  // less the 64 kept back for truncation, no longer needs.
+  const int64_t blocks = (L + 15) / 16, gone = (L - 32 - KvBlockManager::kDefaultKeepBack) / 16;
+  EXPECT_EQ(kv.blocks_held(a), blocks + 6 * (blocks - gone));
+  EXPECT_EQ(full.blocks().blocks_held(b) * 7, blocks * 7);
+  std::printf("[ info ] tiny-gemma3 at %lld tokens: %lld one-layer blocks held, %lld with every "
+              "block kept\n",
+              static_cast<long long>(L), static_cast<long long>(kv.blocks_held(a)),
+              static_cast<long long>(blocks * 7));
+  EXPECT_LT(kv.blocks_held(a), blocks * 7 * 55 / 100);  // 16 + 6 x 7 of 7 x 16
+  // Truncation within what was kept back works, and the logits still agree.
+  slid.truncate(a, L - 40);
+  full.truncate(b, L - 40);
+  const int sa[1] = {a}, sb[1] = {b};
+  const int32_t t[1] = {7};
+  slid.decode(sa, t, la.data());
+  full.decode(sb, t, lb.data());
+  EXPECT_EQ(la, lb) << "after a truncation";
+  EXPECT_THROW(slid.truncate(a, 100), Error);
+}
+
 // Real weights: Gemma 3 270M in Q4_K_M (scripts/fetch-gemma3.sh) against the
 // same llama.cpp, a prompt of 712 tokens among them (past the 512-position
 // window of its local layers). On a 4-bit model the two engines' different

@@ -1,12 +1,15 @@
 // PagedKvCache block bookkeeping: fork shares blocks by reference count,
 // copy on write keeps a shared block's tokens intact for every owner,
 // truncate and free give blocks back, and misuse is a barata::Error.
+#include <algorithm>
 #include <cstdint>
+#include <set>
 
 #include <gtest/gtest.h>
 
 #include "barata/error.h"
 #include "barata/kv_cache.h"
+#include "barata/model_config.h"
 
 namespace barata {
 namespace {
@@ -256,6 +259,114 @@ TEST(PrefixCache, OffByDefaultAndClearable) {
   EXPECT_EQ(m.free_blocks(), 8);
   const int b = m.new_sequence();
   EXPECT_EQ(m.attach_prefix(b, t), 0);
+}
+
+}  // namespace
+}  // namespace barata
+
+namespace barata {
+namespace {
+
+int64_t released(const std::vector<int32_t>& t) {
+  return std::count(t.begin(), t.end(), KvBlockManager::kNoBlock);
+}
+
+// A full-attention group keeps every block; a sliding group (window 32,
+// keep_back 16) releases those whose positions the next row can no longer
+// see, as the sequence grows, and they go back to the shared pool.
+TEST(KvGroups, ASlidingGroupReleasesTheBlocksBehindItsWindow) {
+  KvBlockManager m(100, {0, 32}, 16);
+  ASSERT_EQ(m.n_groups(), 2);
+  ASSERT_TRUE(m.has_sliding_groups());
+  const int s = m.new_sequence();
+  std::vector<KvBlockManager::Copy> copies;
+  m.append(s, 10, &copies);
+  EXPECT_EQ(m.blocks_held(s), 2);  // one block per group
+  for (int i = 0; i < 190; ++i) m.append(s, 1, &copies);
+  ASSERT_EQ(m.length(s), 200);
+  // The last append (position 199) sees from 199 + 1 - 32 = 168; keep_back
+  // 16 more: 152, so blocks 0..8 (positions < 144... 152) went back.
+  EXPECT_EQ(m.table(s, 0).size(), 13u);
+  EXPECT_EQ(released(m.table(s, 0)), 0);
+  EXPECT_EQ(m.table(s, 1).size(), 13u);
+  EXPECT_EQ(released(m.table(s, 1)), 9);
+  EXPECT_EQ(m.blocks_held(s), 13 + 4);
+  EXPECT_EQ(m.blocks_in_use(), 17);
+  EXPECT_TRUE(copies.empty());
+  // Released blocks are taken again: a second sequence fills the pool's rest.
+  const int t = m.new_sequence();
+  EXPECT_EQ(m.blocks_needed(t, 16 * 41), 82);
+  EXPECT_TRUE(m.can_append(t, 16 * 41));
+  EXPECT_FALSE(m.can_append(t, 16 * 42));
+  m.free_sequence(t);
+
+  // Back within keep_back: row 190 sees from 159, block 9 is still held.
+  m.truncate(s, 190);
+  EXPECT_EQ(m.length(s), 190);
+  // Further back is refused: row 150 would see from 119, in released block 7.
+  try {
+    m.truncate(s, 150);
+    ADD_FAILURE() << "truncate past the released blocks was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot go back to 150 of its 190 tokens"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(m.length(s), 190);
+  // A fork shares the held blocks; freeing both gives everything back.
+  const int f = m.fork(s);
+  EXPECT_EQ(m.blocks_held(f), m.blocks_held(s));
+  m.free_sequence(s);
+  m.free_sequence(f);
+  EXPECT_EQ(m.blocks_in_use(), 0);
+  // Truncating to 0 is always allowed.
+  const int u = m.new_sequence();
+  for (int i = 0; i < 20; ++i) m.append(u, 16, &copies);
+  m.truncate(u, 0);
+  EXPECT_EQ(m.blocks_in_use(), 0);
+}
+
+TEST(KvGroups, PrefixCachingStaysOffWithSlidingGroups) {
+  KvBlockManager m(10, {0, 32});
+  m.set_prefix_caching(true);
+  EXPECT_FALSE(m.prefix_caching());
+  KvBlockManager one(10);
+  one.set_prefix_caching(true);
+  EXPECT_TRUE(one.prefix_caching());
+}
+
+// Gemma 3 270M's 18 layers (every sixth global): groups of 3 layers, one of
+// the 3 global layers, five of local ones; a block is 3 layers' worth.
+TEST(KvGroups, Gemma3sLayersSplitIntoGroupsOfOneKind) {
+  ModelConfig c;
+  c.n_layer = 18;
+  c.n_head_kv = 1;
+  c.head_dim = 256;
+  c.n_swa = 512;
+  c.swa_layers.assign(18, 1);
+  for (int l = 5; l < 18; l += 6) c.swa_layers[static_cast<size_t>(l)] = 0;
+  c.n_swa_layers = 15;
+  const KvLayout L = kv_layout_for(c, false);
+  EXPECT_EQ(L.n_groups(), 6);
+  EXPECT_EQ(L.layers_per_block(), 3);
+  EXPECT_EQ(L.group_window, (std::vector<int64_t>{0, 512, 512, 512, 512, 512}));
+  EXPECT_EQ(L.group(5), 0);
+  EXPECT_EQ(L.index(5), 0);
+  EXPECT_EQ(L.group(11), 0);
+  EXPECT_EQ(L.index(17), 2);
+  EXPECT_EQ(L.group(0), 1);
+  EXPECT_EQ(L.index(0), 0);
+  EXPECT_EQ(L.group(4), 2);  // local layers 0..4, 6.. fill groups 1..5 in order
+  EXPECT_EQ(L.index(4), 1);
+  EXPECT_EQ(L.bytes_per_block() * L.n_groups(), 16 * L.bytes_per_token());
+  // Every (group, index) is one layer's.
+  std::set<std::pair<int, int64_t>> seen;
+  for (int64_t l = 0; l < 18; ++l) EXPECT_TRUE(seen.insert({L.group(l), L.index(l)}).second);
+  // --swa-full: one group of every layer, as before.
+  const KvLayout F = kv_layout_for(c, true);
+  EXPECT_EQ(F.n_groups(), 1);
+  EXPECT_EQ(F.layers_per_block(), 18);
+  EXPECT_EQ(F.index(7), 7);
 }
 
 }  // namespace

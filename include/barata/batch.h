@@ -16,8 +16,8 @@ namespace barata {
 // Per row, what a kernel needs to find its K/V: laid out for direct upload.
 struct BatchRowMeta {
   int32_t pos = 0;    // position in its sequence
-  int32_t table = 0;  // offset of its sequence's block table in Batch::block_tables
-  int32_t slot = 0;   // physical cache slot: block id * block tokens + pos % block tokens
+  int32_t table = 0;  // offset of its sequence's block table in each group's Batch::block_tables
+  int32_t slot = 0;   // physical cache slot in layer group 0: block id * block tokens + pos % block tokens
   int32_t seq = 0;    // sequence id
 };
 static_assert(sizeof(BatchRowMeta) == 16);
@@ -30,7 +30,11 @@ struct Batch {
 
   // Filled by the engine (Engine::plan) once the batch is accepted.
   std::vector<BatchRowMeta> rows;
-  std::vector<int32_t> block_tables;  // every sequence's table in the batch, concatenated
+  // Every sequence's table in the batch, concatenated, once per KV layer
+  // group: group g's tables start at g * group_stride (a row's table offset
+  // is the same in every group).
+  std::vector<int32_t> block_tables;
+  int32_t group_stride = 0;
   std::vector<int32_t> logit_rows;    // indices of the rows that want logits, in order
   int64_t max_pos = 0;                // largest position of any row
 

@@ -31,6 +31,10 @@ struct EngineOptions {
   int64_t n_ctx = 0;         // positions per sequence; 0: the model's training context
   int64_t cache_tokens = 0;  // KV pool size over all sequences; 0: n_ctx
   DeviceKind device = DeviceKind::kCpu;
+  // Sliding-window layers keep every position's K/V (one layer group), as
+  // llama.cpp's --swa-full; prefix caching needs it. Otherwise their blocks
+  // behind the window go back to the pool (kv_cache.h).
+  bool swa_full = false;
 };
 
 class Engine {

@@ -4,9 +4,20 @@
 //    the free list, and whether a sequence has room (can_append);
 //  - a pool of blocks in a backend's memory, allocated once and addressed by
 //    block id (HostKvPool here; the CUDA backend's lives on the device).
-// K and V of every layer live in fixed-size blocks of kBlockTokens tokens,
-// laid out as [layer][K|V][token in block][kv_dim] fp16 values, the same on
+// K and V live in fixed-size blocks of kBlockTokens tokens, laid out as
+// [layer in group][K|V][token in block][kv_dim] fp16 values, the same on
 // every backend.
+//
+// Layer groups (vLLM's hybrid KV-cache manager is the model): the layers are
+// split into groups of equal size, so every group's block is the same number
+// of bytes and all groups draw from one pool; each sequence has one block
+// table per group. A model without sliding-window layers has one group of
+// every layer (a block holds 16 tokens of every layer). A model with both
+// kinds (Gemma 3: 5 local layers to 1 global) gets groups of only local or
+// only global layers, and a local group's blocks that fall behind its window
+// go back to the pool while the sequence runs: at long context such a
+// sequence holds about (global layers + local layers x window / length) of
+// the blocks the full cache would.
 #pragma once
 
 #include <array>
@@ -24,20 +35,55 @@ inline constexpr int64_t kKvBlockTokens = 16;
 struct KvLayout {
   int64_t n_layer = 0;
   int64_t kv_dim = 0;  // n_head_kv * head_dim
-  int64_t block_elems() const { return 2 * n_layer * kKvBlockTokens * kv_dim; }
+  // Layer groups; empty: one group of every layer. Otherwise, per layer, its
+  // group and its index in the group, and per group its window (0: full
+  // attention; n: the layer sees the last n positions).
+  std::vector<int32_t> layer_group, layer_index;
+  std::vector<int64_t> group_window;
+  int64_t group_layers = 0;  // layers per group (0: n_layer)
+
+  int64_t n_groups() const {
+    return group_window.empty() ? 1 : static_cast<int64_t>(group_window.size());
+  }
+  int64_t layers_per_block() const { return group_layers > 0 ? group_layers : n_layer; }
+  int32_t group(int64_t layer) const {
+    return layer_group.empty() ? 0 : layer_group[static_cast<size_t>(layer)];
+  }
+  int64_t index(int64_t layer) const {
+    return layer_index.empty() ? layer : layer_index[static_cast<size_t>(layer)];
+  }
+  int64_t window(int64_t group) const {
+    return group_window.empty() ? 0 : group_window[static_cast<size_t>(group)];
+  }
+  int64_t block_elems() const { return 2 * layers_per_block() * kKvBlockTokens * kv_dim; }
   int64_t bytes_per_block() const { return block_elems() * 2; }
-  int64_t bytes_per_token() const { return bytes_per_block() / kKvBlockTokens; }
-  // Element offset of K (kv = 0) or V (kv = 1) of `layer` at block position t.
+  // K and V of one position of every layer: what the full cache costs a token.
+  int64_t bytes_per_token() const { return 2 * n_layer * kv_dim * 2; }
+  // Element offset of K (kv = 0) or V (kv = 1) of `layer` at block position t
+  // in a block of the layer's group.
   int64_t offset(int64_t layer, int kv, int64_t t) const {
-    return ((layer * 2 + kv) * kKvBlockTokens + t) * kv_dim;
+    return ((index(layer) * 2 + kv) * kKvBlockTokens + t) * kv_dim;
   }
 };
+
+struct ModelConfig;
+// The cache layout of a model: one group, or with sliding-window layers (and
+// swa_full false) groups of only local or only global layers, of the size of
+// the smaller kind's count when that divides both (else one group).
+KvLayout kv_layout_for(const ModelConfig& c, bool swa_full);
 
 class KvBlockManager {
  public:
   static constexpr int64_t kBlockTokens = kKvBlockTokens;
 
-  explicit KvBlockManager(int64_t max_blocks);
+  // windows: per layer group, 0 (full attention: every block stays) or the
+  // number of positions its layers see (blocks behind it are released).
+  // keep_back: positions a sliding group keeps behind its window, so that a
+  // sequence can be truncated that far back (speculative decoding rejects
+  // drafted tokens; at most keep_back of them).
+  explicit KvBlockManager(int64_t max_blocks, std::vector<int64_t> windows = {0},
+                          int64_t keep_back = kDefaultKeepBack);
+  static constexpr int64_t kDefaultKeepBack = 64;
 
   int new_sequence();                 // an empty sequence; returns its id
   void free_sequence(int seq);        // releases its blocks
@@ -60,9 +106,19 @@ class KvBlockManager {
   // The copies the caller must make in the pool are appended to *copies.
   void append(int seq, int64_t n, std::vector<Copy>* copies);
 
-  const std::vector<int32_t>& table(int seq) const;  // position / kBlockTokens -> block id
+  // position / kBlockTokens -> block id, of group 0 (the only one without
+  // sliding-window groups) or of `group`; a released entry is kNoBlock.
+  const std::vector<int32_t>& table(int seq, int group = 0) const;
+  static constexpr int32_t kNoBlock = -1;
+  int64_t n_groups() const { return static_cast<int64_t>(windows_.size()); }
+  int64_t window(int group) const { return windows_[static_cast<size_t>(group)]; }
+  bool has_sliding_groups() const;
+  // Blocks a sequence holds now, every group counted.
+  int64_t blocks_held(int seq) const;
 
-  // Prefix caching (off until enabled). A full block, once its K/V is
+  // Prefix caching (off until enabled; only with one layer group that does
+  // not slide: otherwise set_prefix_caching(true) leaves it off, and the
+  // caller says so). A full block, once its K/V is
   // written, is published under a hash chained over (the previous block's
   // hash, its token ids), as vLLM's automatic prefix caching does. A
   // published block is never written again (an append into it copies it
@@ -96,9 +152,13 @@ class KvBlockManager {
   struct Sequence {
     bool live = false;
     int64_t n_tokens = 0;
-    std::vector<int32_t> blocks;
-    std::vector<uint64_t> hashes;  // chained hash of each published leading block
+    std::vector<std::vector<int32_t>> tables;  // per group
+    std::vector<uint64_t> hashes;              // chained hash of each published leading block
+    int64_t released_to = 0;                   // sliding groups' blocks below this index are gone
   };
+  Sequence fresh_sequence() const;
+  int64_t blocks_needed(const Sequence& s, int64_t n) const;
+  void slide(Sequence& s, int64_t first_needed);
   // A published block: its hash, its parent's and its tokens (checked on a hit).
   struct Cached {
     uint64_t hash = 0, parent = 0;
@@ -106,7 +166,7 @@ class KvBlockManager {
     int64_t lru_tick = -1;  // while in lru_ (refcount 0)
     bool published = false;
   };
-  bool must_copy(const Sequence& s, int64_t n) const;
+  bool must_copy(const Sequence& s, int group, int64_t n) const;
   void unpublish(int32_t b);
   const Sequence& live(int seq) const;
   Sequence& live(int seq);
@@ -114,6 +174,8 @@ class KvBlockManager {
   void release_block(int32_t b);
 
   int64_t max_blocks_;
+  std::vector<int64_t> windows_;
+  int64_t keep_back_;
   std::vector<int32_t> refcount_;  // per block id ever used
   std::vector<int32_t> free_;      // used ids whose refcount fell to 0
   int64_t n_in_use_ = 0;

@@ -371,9 +371,11 @@ void CpuBackend::rope_kv(int64_t layer, float* q, float* k, const float* v) {
         const BatchRowMeta& r = batch_->rows[static_cast<size_t>(t)];
         for (int64_t h = 0; h < c.n_head; ++h) rope(q + t * q_dim + h * hd, r.pos);
         for (int64_t h = 0; h < c.n_head_kv; ++h) rope(k + t * kv_dim + h * hd, r.pos);
-        uint16_t* block = pool_kv_->block(r.slot / static_cast<int32_t>(kKvBlockTokens));
-        uint16_t* kc = block + L.offset(layer, 0, r.slot % kKvBlockTokens);
-        uint16_t* vc = block + L.offset(layer, 1, r.slot % kKvBlockTokens);
+        const int32_t* table =
+            batch_->block_tables.data() + L.group(layer) * batch_->group_stride + r.table;
+        uint16_t* block = pool_kv_->block(table[r.pos / kKvBlockTokens]);
+        uint16_t* kc = block + L.offset(layer, 0, r.pos % kKvBlockTokens);
+        uint16_t* vc = block + L.offset(layer, 1, r.pos % kKvBlockTokens);
         for (int64_t i = 0; i < kv_dim; ++i) {
           kc[i] = fp32_to_fp16(k[t * kv_dim + i]);
           vc[i] = fp32_to_fp16(v[t * kv_dim + i]);
@@ -408,7 +410,8 @@ void CpuBackend::attention(int64_t layer, const float* q_all, float* att) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = i / c.n_head, h = i % c.n_head, kvh = h / group;
       const BatchRowMeta& r = batch.rows[static_cast<size_t>(t)];
-      const int32_t* table = batch.block_tables.data() + r.table;
+      const int32_t* table =
+          batch.block_tables.data() + L.group(layer) * batch.group_stride + r.table;
       const int64_t n = static_cast<int64_t>(r.pos) + 1;
       const int64_t first = window > 0 ? std::max<int64_t>(0, n - window) : 0;  // first key seen
       if (static_cast<int64_t>(scores.size()) < n) scores.resize(static_cast<size_t>(n));

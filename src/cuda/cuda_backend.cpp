@@ -457,10 +457,10 @@ class CudaBackend final : public Backend {
     KvDeviceView v;
     v.pool = pool_;
     v.block_elems = layout_.block_elems();
-    v.layer = static_cast<int32_t>(layer);
+    v.layer = static_cast<int32_t>(layout_.index(layer));
     v.kv_dim = static_cast<int32_t>(layout_.kv_dim);
     v.block_tokens = static_cast<int32_t>(kKvBlockTokens);
-    v.block_tables = d_tables();
+    v.block_tables = d_tables() + static_cast<int64_t>(layout_.group(layer)) * group_stride_;
     return v;
   }
 
@@ -594,6 +594,7 @@ class CudaBackend final : public Backend {
   // CUDA graphs of the decode step, by batch width.
   std::unordered_map<int64_t, cudaGraphExec_t> graphs_;
   bool replay_ = false, capturing_ = false;
+  int64_t group_stride_ = 0;  // device words between two layer groups' block tables
 };
 
 void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_blocks, int64_t n_ctx) {
@@ -838,13 +839,17 @@ void CudaBackend::begin(const Batch& b) {
   off_tiles_ = off_rows_ + words(b.rows.size() * sizeof(BatchRowMeta));
   off_logit_rows_ = off_tiles_ + words(tiles.size() * sizeof(PrefillTile));
   off_tables_ = off_logit_rows_ + words(b.logit_rows.size() * 4);
-  // Block tables are sized for the whole pool: their device address (which a
-  // graph captured) never changes with the lengths.
-  const int64_t total =
-      (off_tables_ + words(static_cast<size_t>(std::max<int64_t>(
-                               static_cast<int64_t>(b.block_tables.size()), n_blocks_ + 1)) *
-                           4)) *
-      4;
+  // Block tables are sized for the whole pool, per layer group: their device
+  // addresses (which a graph captured) never change with the lengths. A
+  // group's tables outgrow that only when sliding-window groups released
+  // blocks (tables longer than the blocks held); they then grow once.
+  const int64_t n_groups = layout_.n_groups();
+  const int64_t stride =
+      n_groups == 1 ? static_cast<int64_t>(b.block_tables.size()) : b.group_stride;
+  const int64_t grown = std::max<int64_t>(std::max<int64_t>(group_stride_, n_blocks_ + 1), stride);
+  if (grown != group_stride_ && n_groups > 1) drop_graphs();  // the groups' tables moved
+  group_stride_ = grown;
+  const int64_t total = (off_tables_ + words(static_cast<size_t>(n_groups * group_stride_) * 4)) * 4;
   // The layout depends on the width only for decode batches, where every
   // array has a fixed size per width: a graph's pointers stay valid.
   if (meta_.ensure(arena_, std::max<int64_t>(total, 1 << 16), "batch metadata")) drop_graphs();
@@ -858,8 +863,11 @@ void CudaBackend::begin(const Batch& b) {
   std::memcpy(h + off_rows_, b.rows.data(), b.rows.size() * sizeof(BatchRowMeta));
   if (!tiles.empty()) std::memcpy(h + off_tiles_, tiles.data(), tiles.size() * sizeof(PrefillTile));
   std::memcpy(h + off_logit_rows_, b.logit_rows.data(), b.logit_rows.size() * 4);
-  std::memcpy(h + off_tables_, b.block_tables.data(), b.block_tables.size() * 4);
-  const size_t used = (static_cast<size_t>(off_tables_) + b.block_tables.size()) * 4;
+  for (int64_t g = 0; g < n_groups; ++g)
+    std::memcpy(h + off_tables_ + g * group_stride_, b.block_tables.data() + g * stride,
+                static_cast<size_t>(stride) * 4);
+  const size_t used =
+      (static_cast<size_t>(off_tables_) + static_cast<size_t>((n_groups - 1) * group_stride_ + stride)) * 4;
   BARATA_CUDA_CHECK(cudaMemcpyAsync(meta_.p, pinned_, used, cudaMemcpyHostToDevice, stream_));
 
   // A decode step of a width seen before replays its graph; the first one of
