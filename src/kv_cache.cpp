@@ -13,6 +13,19 @@
 
 namespace barata {
 
+int64_t kv_sequence_bytes(int64_t len, int64_t n_full, int64_t n_sliding, int64_t window,
+                          int64_t kv_dim, int64_t keep_back) {
+  constexpr int64_t B = kKvBlockTokens;
+  const int64_t blocks = (std::max<int64_t>(len, 0) + B - 1) / B;
+  // The last append (position len - 1) released what position len - window
+  // no longer needs, less keep_back (KvBlockManager::slide).
+  const int64_t released =
+      window > 0 ? std::clamp<int64_t>((len - window - keep_back) / B, 0, blocks) : 0;
+  const int64_t sliding = blocks - released;
+  const int64_t per_layer_block = 2 * B * kv_dim * 2;
+  return (n_full * blocks + n_sliding * sliding) * per_layer_block;
+}
+
 KvLayout kv_layout_for(const ModelConfig& c, bool swa_full) {
   KvLayout L{c.n_layer, c.n_head_kv * c.head_dim, {}, {}, {}, 0};
   const int64_t n_local = c.n_swa > 0 ? c.n_swa_layers : 0;
@@ -34,12 +47,12 @@ KvLayout kv_layout_for(const ModelConfig& c, bool swa_full) {
     L.layer_index[static_cast<size_t>(l)] = static_cast<int32_t>(slot % g);
     ++slot;
   }
-  for (int64_t k = 0; k < c.n_layer / g; ++k) L.group_window.push_back(k < n_global / g ? 0 : c.n_swa);
+  for (int64_t k = 0; k < c.n_layer / g; ++k)
+    L.group_window.push_back(k < n_global / g ? 0 : c.n_swa);
   return L;
 }
 
-KvBlockManager::KvBlockManager(int64_t max_blocks, std::vector<int64_t> windows,
-                               int64_t keep_back)
+KvBlockManager::KvBlockManager(int64_t max_blocks, std::vector<int64_t> windows, int64_t keep_back)
     : max_blocks_(max_blocks), windows_(std::move(windows)), keep_back_(keep_back) {
   if (max_blocks < 0 || max_blocks > INT32_MAX)
     fail("KV cache: {} blocks is outside 0..{}", max_blocks, INT32_MAX);
@@ -117,7 +130,8 @@ void KvBlockManager::truncate(int seq, int64_t n) {
   if (n > 0) {
     for (size_t g = 0; g < windows_.size(); ++g) {
       if (windows_[g] == 0) continue;
-      const auto first = static_cast<size_t>(std::max<int64_t>(0, n + 1 - windows_[g]) / kBlockTokens);
+      const auto first =
+          static_cast<size_t>(std::max<int64_t>(0, n + 1 - windows_[g]) / kBlockTokens);
       if (first < keep && s.tables[g][first] == kNoBlock)
         fail(
             "KV cache: sequence {} cannot go back to {} of its {} tokens: its sliding-window "

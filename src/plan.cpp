@@ -8,6 +8,7 @@
 #include <fmt/core.h>
 
 #include "barata/error.h"
+#include "barata/kv_cache.h"
 #include "barata/model_config.h"
 
 namespace barata::plan {
@@ -129,7 +130,26 @@ ModelShape preset(std::string_view name, WeightFormat format) {
   fail("unknown model preset '{}' (known: {})", name, known);
 }
 
-ModelShape from_gguf(const GgufFile& f, std::optional<WeightFormat> format) {
+int64_t ModelShape::kv_bytes_for(int64_t len) const {
+  const int64_t sw = sliding() ? n_swa_layers : 0;
+  return kv_sequence_bytes(len, n_layer - sw, sw, sliding() ? n_swa : 0, n_head_kv * head_dim,
+                           KvBlockManager::kDefaultKeepBack);
+}
+
+int64_t context_per_user(const ModelShape& m, int64_t free_bytes, int64_t users, int64_t cap) {
+  if (free_bytes <= 0 || users <= 0) return 0;
+  int64_t lo = 0, hi = cap;  // lo fits
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (m.kv_bytes_for(mid) <= free_bytes / users)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+ModelShape from_gguf(const GgufFile& f, std::optional<WeightFormat> format, bool swa_full) {
   const ModelConfig c = ModelConfig::from_gguf(f);
   ModelShape m;
   m.name = f.name();
@@ -144,6 +164,10 @@ ModelShape from_gguf(const GgufFile& f, std::optional<WeightFormat> format) {
   m.n_layer = c.n_layer;
   m.n_head_kv = c.n_head_kv;
   m.head_dim = c.head_dim;
+  if (!swa_full && c.n_swa > 0) {
+    m.n_swa_layers = c.n_swa_layers;
+    m.n_swa = c.n_swa;
+  }
   return m;
 }
 
@@ -179,6 +203,14 @@ MemoryPlan plan_memory(const ModelShape& m, int64_t memory_bytes, int64_t reserv
   p.fits = p.free_bytes >= 0;
   p.max_tokens =
       max_resident_tokens(memory_bytes, m.weight_bytes, reserve_bytes, m.kv_bytes_per_token());
+  if (m.sliding()) {
+    // A user's cost is not linear in its context: each count is searched.
+    constexpr int64_t kCap = int64_t{1} << 31;
+    for (int64_t u : kUserCounts)
+      p.users.emplace_back(u, context_per_user(m, p.free_bytes, u, kCap));
+    p.max_tokens = p.users.front().second;
+    return p;
+  }
   for (int64_t u : kUserCounts) p.users.emplace_back(u, p.max_tokens / u);
   return p;
 }
@@ -197,6 +229,31 @@ std::string describe_kv_pool(int64_t pool_tokens, int64_t n_ctx, int64_t bytes_p
     } else {
       if (ctx < useful) break;
       s += fmt::format("{} {} x {}", u == kUserCounts[1] ? ", or" : ",", u, ctx);
+    }
+  }
+  return s;
+}
+
+std::string describe_kv_pool_bytes(int64_t pool_bytes, int64_t n_ctx,
+                                   const std::function<int64_t(int64_t)>& seq_bytes) {
+  n_ctx = std::max<int64_t>(n_ctx, 1);
+  std::string s = fmt::format("KV pool: {} (fp16; sliding-window layers keep their window): ",
+                              mib_or_gib(static_cast<double>(std::max<int64_t>(pool_bytes, 0))));
+  const int64_t useful = std::min<int64_t>(n_ctx, 256);
+  for (int64_t u : kUserCounts) {
+    int64_t lo = 0, hi = n_ctx;  // the longest context u users fit
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (seq_bytes(mid) * u <= pool_bytes)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    if (u == 1) {
+      s += fmt::format("1 user x {} context", lo);
+    } else {
+      if (lo < useful) break;
+      s += fmt::format("{} {} x {}", u == kUserCounts[1] ? ", or" : ",", u, lo);
     }
   }
   return s;

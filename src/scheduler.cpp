@@ -4,6 +4,8 @@
 #include <chrono>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "barata/engine.h"
 #include "barata/error.h"
 #include "barata/tokenizer.h"
@@ -47,12 +49,6 @@ const char* finish_name(FinishReason r) {
   return "?";
 }
 
-namespace {
-int64_t blocks_for(int64_t tokens) {
-  return (tokens + kKvBlockTokens - 1) / kKvBlockTokens;
-}
-}  // namespace
-
 Scheduler::Scheduler(StepEngine& engine, SchedulerOptions opts)
     : engine_(engine), opts_(std::move(opts)) {
   if (opts_.slots < 1) fail("scheduler: {} slots (need at least 1)", opts_.slots);
@@ -65,6 +61,10 @@ Scheduler::Scheduler(StepEngine& engine, SchedulerOptions opts)
     };
   }
   engine_.blocks().set_prefix_caching(opts_.prefix_cache);
+  if (opts_.prefix_cache && !engine_.blocks().prefix_caching())
+    spdlog::warn(
+        "prefix caching is off: this model's sliding-window layers give their KV blocks behind "
+        "the window back to the pool (--swa-full keeps them, and allows prefix caching)");
   logits_.resize(static_cast<size_t>(engine_.n_vocab()));
 }
 
@@ -106,7 +106,7 @@ int Scheduler::submit(Request r) {
         s, fmt::format("the prompt has {} tokens but the context holds {}", s.n_prompt, n_ctx));
     return id;
   }
-  if (blocks_for(s.n_prompt + 1) > kv.max_blocks()) {
+  if (kv.blocks_for_tokens(s.n_prompt + 1) > kv.max_blocks()) {
     fail_request(s, fmt::format("the prompt has {} tokens but the whole KV pool holds {}",
                                 s.n_prompt, kv.max_tokens()));
     return id;

@@ -230,11 +230,15 @@ TEST(ArchKvGroups, Gemma3FreesItsWindowsBlocksAndKeepsItsLogits) {
   // less the 64 kept back for truncation, no longer needs.
   const int64_t blocks = (L + 15) / 16, gone = (L - 32 - KvBlockManager::kDefaultKeepBack) / 16;
   EXPECT_EQ(kv.blocks_held(a), blocks + 6 * (blocks - gone));
+  // What plan, bench and the pool line count is what the pool holds.
+  EXPECT_EQ(slid.kv_sequence_bytes(L), kv.blocks_held(a) * slid.kv_layout().bytes_per_block());
+  EXPECT_EQ(full.kv_sequence_bytes(L), blocks * 16 * full.kv_bytes_per_token());
   EXPECT_EQ(full.blocks().blocks_held(b) * 7, blocks * 7);
-  std::printf("[ info ] tiny-gemma3 at %lld tokens: %lld one-layer blocks held, %lld with every "
-              "block kept\n",
-              static_cast<long long>(L), static_cast<long long>(kv.blocks_held(a)),
-              static_cast<long long>(blocks * 7));
+  std::printf(
+      "[ info ] tiny-gemma3 at %lld tokens: %lld one-layer blocks held, %lld with every "
+      "block kept\n",
+      static_cast<long long>(L), static_cast<long long>(kv.blocks_held(a)),
+      static_cast<long long>(blocks * 7));
   EXPECT_LT(kv.blocks_held(a), blocks * 7 * 55 / 100);  // 16 + 6 x 7 of 7 x 16
   // Truncation within what was kept back works, and the logits still agree.
   slid.truncate(a, L - 40);

@@ -243,3 +243,40 @@ TEST(PlanCli, BadInputIsOneErrorLine) {
 
 }  // namespace
 }  // namespace barata
+
+namespace barata {
+namespace {
+
+// Gemma 3 270M's shape: 3 global layers, 15 local ones of window 512. One
+// user's K/V at len tokens is the formula of kv_cache.h, and each user
+// count's context is the longest whose users fit.
+TEST(PlanSliding, ContextPerUserIsTheLongestThatFits) {
+  plan::ModelShape m;
+  m.n_layer = 18;
+  m.n_head_kv = 1;
+  m.head_dim = 256;
+  m.weight_bytes = 250 << 20;
+  m.n_swa_layers = 15;
+  m.n_swa = 512;
+  const int64_t per_layer_block = 2 * 16 * 256 * 2;
+  // 8192 tokens: 512 blocks per global layer; a local layer keeps blocks
+  // from (8192 - 512 - 64) / 16 = 476 on, 36 of them.
+  EXPECT_EQ(m.kv_bytes_for(8192), (3 * 512 + 15 * 36) * per_layer_block);
+  EXPECT_EQ(m.kv_bytes_for(100), 18 * 7 * per_layer_block);  // inside the window: everything
+  const plan::MemoryPlan p = plan::plan_memory(m, 4 * plan::kGiB, plan::kDefaultReserveBytes);
+  ASSERT_TRUE(p.fits);
+  for (const auto& [u, ctx] : p.users) {
+    EXPECT_LE(u * m.kv_bytes_for(ctx), p.free_bytes) << u;
+    EXPECT_GT(u * m.kv_bytes_for(ctx + 16), p.free_bytes) << u;
+  }
+  EXPECT_EQ(p.max_tokens, p.users.front().second);
+  // Without the sliding layers (--swa-full) the plan is the linear one.
+  plan::ModelShape f = m;
+  f.n_swa_layers = 0;
+  const plan::MemoryPlan q = plan::plan_memory(f, 4 * plan::kGiB, plan::kDefaultReserveBytes);
+  EXPECT_EQ(q.max_tokens, q.free_bytes / f.kv_bytes_per_token());
+  EXPECT_GT(p.users[3].second, 3 * q.users[3].second);  // 64 users: over 3x the context
+}
+
+}  // namespace
+}  // namespace barata

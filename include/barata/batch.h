@@ -17,8 +17,9 @@ namespace barata {
 struct BatchRowMeta {
   int32_t pos = 0;    // position in its sequence
   int32_t table = 0;  // offset of its sequence's block table in each group's Batch::block_tables
-  int32_t slot = 0;   // physical cache slot in layer group 0: block id * block tokens + pos % block tokens
-  int32_t seq = 0;    // sequence id
+  int32_t slot =
+      0;  // physical cache slot in layer group 0: block id * block tokens + pos % block tokens
+  int32_t seq = 0;  // sequence id
 };
 static_assert(sizeof(BatchRowMeta) == 16);
 
@@ -35,8 +36,8 @@ struct Batch {
   // is the same in every group).
   std::vector<int32_t> block_tables;
   int32_t group_stride = 0;
-  std::vector<int32_t> logit_rows;    // indices of the rows that want logits, in order
-  int64_t max_pos = 0;                // largest position of any row
+  std::vector<int32_t> logit_rows;  // indices of the rows that want logits, in order
+  int64_t max_pos = 0;              // largest position of any row
 
   void clear() { *this = Batch{}; }
   void add(int32_t token, int64_t pos, int32_t seq, bool logits) {

@@ -117,6 +117,9 @@ struct ModelInfo {
   int64_t n_layer = 0, d_model = 0, n_head = 0, n_head_kv = 0, head_dim = 0, d_ff = 0;
   int64_t n_vocab = 0, n_ctx = 0;  // n_ctx: the context the engine ran with
   int64_t weight_bytes = 0, kv_bytes_per_token = 0;
+  // K/V one sequence at n_ctx holds: n_ctx x kv_bytes_per_token in whole
+  // blocks, less what sliding-window layers free behind their window.
+  int64_t kv_bytes_at_ctx = 0;
   int64_t matmul_params = 0;  // weights one token multiplies by (every layer's matrices + output)
 };
 

@@ -51,6 +51,10 @@ class Engine {
   const KvBlockManager& blocks() const { return blocks_; }
   KvBlockManager& blocks() { return blocks_; }  // prefix caching, the scheduler
   int64_t kv_bytes_per_token() const { return kv_layout_.bytes_per_token(); }
+  // K/V bytes one sequence of len tokens holds (less than len x
+  // kv_bytes_per_token() once sliding-window layers have released blocks).
+  int64_t kv_sequence_bytes(int64_t len) const;
+  const KvLayout& kv_layout() const { return kv_layout_; }
 
   int new_sequence() { return blocks_.new_sequence(); }
   void free_sequence(int seq) { blocks_.free_sequence(seq); }

@@ -66,6 +66,14 @@ struct KvLayout {
   }
 };
 
+// The fp16 K/V bytes one sequence of len tokens holds after its last append:
+// n_full layers keep every block of 16 positions; n_sliding layers of a
+// `window` keep the blocks from (len - window - keep_back) on (n_sliding = 0
+// or window = 0: the full cache, 2 x layers x kv_dim x 2 bytes per position,
+// in whole blocks).
+int64_t kv_sequence_bytes(int64_t len, int64_t n_full, int64_t n_sliding, int64_t window,
+                          int64_t kv_dim, int64_t keep_back);
+
 struct ModelConfig;
 // The cache layout of a model: one group, or with sliding-window layers (and
 // swa_full false) groups of only local or only global layers, of the size of
@@ -146,7 +154,13 @@ class KvBlockManager {
   int64_t max_blocks() const { return max_blocks_; }
   int64_t blocks_in_use() const { return n_in_use_; }
   int64_t free_blocks() const { return max_blocks_ - n_in_use_; }
-  int64_t max_tokens() const { return max_blocks_ * kBlockTokens; }
+  // Tokens the pool holds when every group keeps every block (a sequence
+  // shorter than the window, or a model without sliding groups).
+  int64_t max_tokens() const { return max_blocks_ / n_groups() * kBlockTokens; }
+  // Blocks n tokens take at most (every group, nothing released yet).
+  int64_t blocks_for_tokens(int64_t n) const {
+    return n_groups() * ((n + kBlockTokens - 1) / kBlockTokens);
+  }
 
  private:
   struct Sequence {

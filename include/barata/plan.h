@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -39,9 +40,17 @@ struct ModelShape {
   int64_t weight_bytes = 0;            // what the weights take in memory
   std::optional<WeightFormat> format;  // unset: a file's own bytes, as stored
   int64_t n_layer = 0, n_head_kv = 0, head_dim = 0;
+  // Sliding-window layers whose KV blocks behind the window are freed
+  // (Gemma 3's local layers; 0 with --swa-full or without such layers).
+  int64_t n_swa_layers = 0, n_swa = 0;
 
   // fp16 K and V: 2 x n_layer x n_head_kv x head_dim x 2 bytes.
   int64_t kv_bytes_per_token() const { return 2 * n_layer * n_head_kv * head_dim * 2; }
+  // What one sequence of len tokens holds (kv_cache.h, kv_sequence_bytes):
+  // len x kv_bytes_per_token() in whole blocks, less the sliding layers'
+  // blocks behind their window.
+  int64_t kv_bytes_for(int64_t len) const;
+  bool sliding() const { return n_swa_layers > 0 && n_swa > 0; }
 };
 
 // "7b" (7.0e9 params, 32 layers, 8 KV heads of 128), "13b" (13.0e9, 40
@@ -53,7 +62,7 @@ const std::vector<std::string>& preset_names();
 // The shape from the file's metadata (llama/qwen2, as ModelConfig reads it).
 // Without a format the weights take the file's exact tensor bytes; with one,
 // the file's element count at that format's bits per weight.
-ModelShape from_gguf(const GgufFile& f, std::optional<WeightFormat> format);
+ModelShape from_gguf(const GgufFile& f, std::optional<WeightFormat> format, bool swa_full = false);
 
 // A memory size in GiB: "16", "16G", "16GiB", "1.5g"; positive and finite
 // (zero too when allow_zero), at most 2^20 GiB, the whole string. An Error
@@ -69,7 +78,9 @@ struct MemoryPlan {
   int64_t memory_bytes = 0;
   bool fits = false;       // weights + reserve <= memory
   int64_t free_bytes = 0;  // memory - weights - reserve (negative when it does not fit)
-  int64_t max_tokens = 0;  // total resident tokens over all users
+  // Total resident tokens over all users; with sliding layers, one user's
+  // longest context (users x context varies with the count).
+  int64_t max_tokens = 0;
   std::vector<std::pair<int64_t, int64_t>> users;  // (users, context per user), kUserCounts
 };
 MemoryPlan plan_memory(const ModelShape& m, int64_t memory_bytes, int64_t reserve_bytes);
@@ -80,6 +91,13 @@ MemoryPlan plan_memory(const ModelShape& m, int64_t memory_bytes, int64_t reserv
 // users) tokens; the counts past 1 are shown while that is at least
 // min(n_ctx, 256) (a user with a handful of tokens is no use).
 std::string describe_kv_pool(int64_t pool_tokens, int64_t n_ctx, int64_t bytes_per_token);
+// The same for a pool of pool_bytes whose sequences of len tokens hold
+// seq_bytes(len) bytes (sliding-window layers: less than len x per token).
+std::string describe_kv_pool_bytes(int64_t pool_bytes, int64_t n_ctx,
+                                   const std::function<int64_t(int64_t)>& seq_bytes);
+// The longest context, at most cap, of which `users` sequences fit in
+// free_bytes: the largest len with users x m.kv_bytes_for(len) <= free_bytes.
+int64_t context_per_user(const ModelShape& m, int64_t free_bytes, int64_t users, int64_t cap);
 
 // 65378 -> "65,378".
 std::string group_thousands(int64_t n);

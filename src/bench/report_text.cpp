@@ -241,8 +241,16 @@ std::string to_markdown(const Report& r) {
       m.n_vocab);
   o += fmt::format(
       "- context {} tokens; weights read per decode token {} ({} bytes); KV cache {} bytes per "
-      "token (fp16)\n",
+      "token (fp16)",
       m.n_ctx, si(m.weight_bytes, "B"), m.weight_bytes, m.kv_bytes_per_token);
+  if (m.kv_bytes_at_ctx > 0 && m.kv_bytes_at_ctx < m.n_ctx * m.kv_bytes_per_token)
+    o += fmt::format(
+        "; a sequence at {} tokens holds {} ({:.0f}% of the full cache: the sliding-window "
+        "layers keep their window)",
+        m.n_ctx, si(m.kv_bytes_at_ctx, "B"),
+        100.0 * static_cast<double>(m.kv_bytes_at_ctx) /
+            static_cast<double>(m.n_ctx * m.kv_bytes_per_token));
+  o += "\n";
   o += fmt::format("- machine: {}, {} hardware threads; threads measured: {}\n", r.cpu,
                    r.hardware_threads, fmt::join(r.threads, ", "));
   o += fmt::format("- method: {} repetitions after one warm-up; cells read mean ± sd (median)\n",

@@ -849,7 +849,8 @@ void CudaBackend::begin(const Batch& b) {
   const int64_t grown = std::max<int64_t>(std::max<int64_t>(group_stride_, n_blocks_ + 1), stride);
   if (grown != group_stride_ && n_groups > 1) drop_graphs();  // the groups' tables moved
   group_stride_ = grown;
-  const int64_t total = (off_tables_ + words(static_cast<size_t>(n_groups * group_stride_) * 4)) * 4;
+  const int64_t total =
+      (off_tables_ + words(static_cast<size_t>(n_groups * group_stride_) * 4)) * 4;
   // The layout depends on the width only for decode batches, where every
   // array has a fixed size per width: a graph's pointers stay valid.
   if (meta_.ensure(arena_, std::max<int64_t>(total, 1 << 16), "batch metadata")) drop_graphs();
@@ -866,8 +867,9 @@ void CudaBackend::begin(const Batch& b) {
   for (int64_t g = 0; g < n_groups; ++g)
     std::memcpy(h + off_tables_ + g * group_stride_, b.block_tables.data() + g * stride,
                 static_cast<size_t>(stride) * 4);
-  const size_t used =
-      (static_cast<size_t>(off_tables_) + static_cast<size_t>((n_groups - 1) * group_stride_ + stride)) * 4;
+  const size_t used = (static_cast<size_t>(off_tables_) +
+                       static_cast<size_t>((n_groups - 1) * group_stride_ + stride)) *
+                      4;
   BARATA_CUDA_CHECK(cudaMemcpyAsync(meta_.p, pinned_, used, cudaMemcpyHostToDevice, stream_));
 
   // A decode step of a width seen before replays its graph; the first one of

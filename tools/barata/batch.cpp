@@ -521,8 +521,7 @@ int run(const BatchArgs& a) {
   }
 
   const KvBlockManager& kv = s.engine.blocks();
-  const std::string pool =
-      plan::describe_kv_pool(kv.max_tokens(), s.engine.n_ctx(), s.engine.kv_bytes_per_token());
+  const std::string pool = kv_pool_line(s.engine);
   const std::string header = fmt::format(
       "barata batch: {} requests ({}), {} slots, at most {} rows per step, prefix cache {}, "
       "shared prefix {} tokens, {}",

@@ -21,6 +21,7 @@
 #include "barata/plan.h"
 #include "barata/tokenizer.h"
 #include "commands.h"
+#include "session.h"
 #include "default_model.h"
 
 namespace barata::cli {
@@ -243,10 +244,7 @@ int run(BenchArgs& a) {
                             .n_ctx = n_ctx,
                             .cache_tokens = cache_tokens,
                             .device = parse_device(a.device).value_or(DeviceKind::kCpu)});
-      if (rep.runs.empty())
-        fmt::print(stderr, "{}\n",
-                   plan::describe_kv_pool(engine.blocks().max_tokens(), engine.n_ctx(),
-                                          engine.kv_bytes_per_token()));
+      if (rep.runs.empty()) fmt::print(stderr, "{}\n", kv_pool_line(engine));
       progress.set_threads(engine.n_threads());
       rep.threads.push_back(engine.n_threads());
       bench::ThreadRun& run = rep.runs.emplace_back();

@@ -11,6 +11,7 @@
 
 #include "barata/error.h"
 #include "barata/gguf.h"
+#include "barata/kv_cache.h"
 #include "barata/plan.h"
 #include "commands.h"
 
@@ -25,6 +26,7 @@ struct PlanArgs {
   std::vector<std::string> mem{"8G", "16G", "24G", "80G"};
   std::string reserve = "1.5G";
   bool json = false;
+  bool swa_full = false;
 };
 
 // 7e9 -> "6.52 GiB", 2e7 -> "19.1 MiB".
@@ -61,7 +63,9 @@ json to_json(const plan::ModelShape& m, int64_t reserve, const std::vector<plan:
                 {"n_layer", m.n_layer},
                 {"n_head_kv", m.n_head_kv},
                 {"head_dim", m.head_dim},
-                {"kv_bytes_per_token", m.kv_bytes_per_token()}};
+                {"kv_bytes_per_token", m.kv_bytes_per_token()},
+                {"sliding_window_layers", m.n_swa_layers},
+                {"sliding_window", m.n_swa}};
   j["reserve_bytes"] = reserve;
   json mem = json::array();
   for (const auto& p : ps) {
@@ -88,6 +92,18 @@ void print_text(const plan::ModelShape& m, int64_t reserve,
              group_thousands(m.n_params), what, human(m.weight_bytes));
   fmt::print("KV cache: fp16, {} B/token (2 x {} layers x {} KV heads x {} x 2 B)\n",
              group_thousands(m.kv_bytes_per_token()), m.n_layer, m.n_head_kv, m.head_dim);
+  if (m.sliding()) {
+    constexpr int64_t kAt = 8192;
+    fmt::print(
+        "sliding window: {} of the {} layers see the last {} positions; their blocks behind it "
+        "(and {} kept back) are freed: a user at {} tokens holds {}, {:.0f}% of the full {} "
+        "(--swa-full counts every position)\n",
+        m.n_swa_layers, m.n_layer, m.n_swa, KvBlockManager::kDefaultKeepBack, group_thousands(kAt),
+        human(m.kv_bytes_for(kAt)),
+        100.0 * static_cast<double>(m.kv_bytes_for(kAt)) /
+            static_cast<double>(kAt * m.kv_bytes_per_token()),
+        human(kAt * m.kv_bytes_per_token()));
+  }
   fmt::print("reserve: {}\n", human(reserve));
   for (const auto& p : ps) {
     fmt::print("\n");
@@ -97,8 +113,9 @@ void print_text(const plan::ModelShape& m, int64_t reserve,
                  human(-p.free_bytes));
       continue;
     }
-    fmt::print("{}: {} tokens ({} for KV after weights and reserve)\n\n", gib_label(p.memory_bytes),
-               group_thousands(p.max_tokens), human(p.free_bytes));
+    fmt::print("{}: {} tokens{} ({} for KV after weights and reserve)\n\n",
+               gib_label(p.memory_bytes), group_thousands(p.max_tokens),
+               m.sliding() ? " for one user" : "", human(p.free_bytes));
     fmt::print("| users | context per user |\n");
     fmt::print("|------:|-----------------:|\n");
     for (const auto& [u, ctx] : p.users)
@@ -115,7 +132,7 @@ int run(const PlanArgs& a) {
 
   plan::ModelShape m;
   if (!a.model.empty()) {
-    m = plan::from_gguf(GgufFile::open(a.model), format);
+    m = plan::from_gguf(GgufFile::open(a.model), format, a.swa_full);
   } else if (!a.preset.empty()) {
     m = plan::preset(a.preset, format.value_or(plan::WeightFormat::kFp16));
   } else {
@@ -151,6 +168,8 @@ Command add_plan(CLI::App& app) {
   sub->add_option("--reserve", a->reserve,
                   "GiB kept free for activations, the runtime and fragmentation (default: 1.5)");
   sub->add_flag("--json", a->json, "Print one JSON document instead of tables");
+  sub->add_flag("--swa-full", a->swa_full,
+                "Count every position of the sliding-window layers (as barata run --swa-full)");
   return {sub, [a] { return run(*a); }};
 }
 

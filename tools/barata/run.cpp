@@ -121,9 +121,7 @@ int run(const RunArgs& a) {
       a.prompt_file.empty() ? a.prompt : read_regular_file(a.prompt_file, "prompt file");
   Session s(a.model);
   const std::vector<int32_t> prompt = encode_prompt(a, s, build_prompt(a, s, std::move(text)));
-  fmt::print(stderr, "{}\n",
-             plan::describe_kv_pool(s.engine.blocks().max_tokens(), s.engine.n_ctx(),
-                                    s.engine.kv_bytes_per_token()));
+  fmt::print(stderr, "{}\n", kv_pool_line(s.engine));
   Sampler sampler(a.sampling);
   const GenerateOptions go{.n_predict = a.n_predict,
                            .no_cache = a.no_cache,

@@ -80,6 +80,9 @@ void add_model_options(CLI::App* sub, ModelOptions& o) {
          "--kv-tokens", o.kv_tokens,
          "Tokens of KV cache allocated once, over all sequences (default: the context size)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 32));
+  sub->add_flag("--swa-full", o.swa_full,
+                "Sliding-window layers keep every position's KV (default: their blocks behind the "
+                "window are freed; prefix caching needs this)");
 }
 
 void add_sampling_options(CLI::App* sub, SamplerOptions& s) {
@@ -106,10 +109,18 @@ Session::Session(const ModelOptions& o)
       engine(model, {.n_threads = o.n_threads,
                      .n_ctx = n_ctx,
                      .cache_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.kv_contexts * n_ctx,
-                     .device = parse_device(o.device).value_or(DeviceKind::kCpu)}),
+                     .device = parse_device(o.device).value_or(DeviceKind::kCpu),
+                     .swa_full = o.swa_full}),
       load_ms(ms_since(t_start)) {
-  spdlog::info("{}", plan::describe_kv_pool(engine.blocks().max_tokens(), engine.n_ctx(),
-                                            engine.kv_bytes_per_token()));
+  spdlog::info("{}", kv_pool_line(engine));
+}
+
+std::string kv_pool_line(const Engine& e) {
+  if (!e.blocks().has_sliding_groups())
+    return plan::describe_kv_pool(e.blocks().max_tokens(), e.n_ctx(), e.kv_bytes_per_token());
+  return plan::describe_kv_pool_bytes(e.blocks().max_blocks() * e.kv_layout().bytes_per_block(),
+                                      e.n_ctx(),
+                                      [&e](int64_t len) { return e.kv_sequence_bytes(len); });
 }
 
 std::optional<ChatFamily> file_chat_family(const Session& s) {

@@ -35,8 +35,13 @@ struct ModelOptions {
   std::string device = "cpu";
   int64_t kv_tokens = 0;    // KV pool over all sequences; 0 = kv_contexts x the context size
   int64_t kv_contexts = 1;  // without --kv-tokens: the pool holds this many full contexts
+  bool swa_full = false;    // --swa-full: sliding-window layers keep every block
 };
 void add_model_options(CLI::App* sub, ModelOptions& o);
+
+// "KV pool: ..." for the engine's pool: users x context that fit, the
+// sliding-window layers' freed blocks counted.
+std::string kv_pool_line(const Engine& e);
 
 // --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n,
 // -s/--seed. Values outside the sampler's domain (NaN, a negative top-k, a
