@@ -211,8 +211,11 @@ TEST(CudaEngine, ArchitectureRowsMatchCpu) {
   for (const char* name :
        {"tiny-qwen3", "tiny-llama3", "tiny-llama-yarn", "tiny-gemma3", "tiny-phi"}) {
     SCOPED_TRACE(name);
-    run_model(test::data_dir() / "models" / "arch" / (std::string(name) + ".gguf"), 1e-2, 0, 40,
-              512);
+    // Gemma 3 past its window (32) and the 64 positions kept back: its local
+    // layers' first blocks are released while it decodes (layer groups).
+    const int prompt = std::string(name) == "tiny-gemma3" ? 120 : 40;
+    run_model(test::data_dir() / "models" / "arch" / (std::string(name) + ".gguf"), 1e-2, 0,
+              prompt, 512);
   }
 }
 
