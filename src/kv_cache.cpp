@@ -301,7 +301,7 @@ uint64_t block_hash(uint64_t parent, std::span<const int32_t> tokens) {
 
 void KvBlockManager::set_prefix_caching(bool on) {
   if (!on) clear_prefix_cache();
-  prefix_on_ = on && n_groups() == 1 && !has_sliding_groups();
+  prefix_on_ = on && can_prefix_cache();
 }
 
 void KvBlockManager::clear_prefix_cache() {

@@ -214,8 +214,8 @@ TEST(CudaEngine, ArchitectureRowsMatchCpu) {
     // Gemma 3 past its window (32) and the 64 positions kept back: its local
     // layers' first blocks are released while it decodes (layer groups).
     const int prompt = std::string(name) == "tiny-gemma3" ? 120 : 40;
-    run_model(test::data_dir() / "models" / "arch" / (std::string(name) + ".gguf"), 1e-2, 0,
-              prompt, 512);
+    run_model(test::data_dir() / "models" / "arch" / (std::string(name) + ".gguf"), 1e-2, 0, prompt,
+              512);
   }
 }
 

@@ -134,6 +134,7 @@ class KvBlockManager {
   // evicted, least recently used first, only when the pool needs a block.
   void set_prefix_caching(bool on);
   bool prefix_caching() const { return prefix_on_; }
+  bool can_prefix_cache() const { return n_groups() == 1 && !has_sliding_groups(); }
   // On an empty sequence: takes by reference the longest run of cached full
   // blocks that begins `tokens`, leaving at least one token to compute;
   // returns the number of tokens taken (a multiple of kBlockTokens).
