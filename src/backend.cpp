@@ -119,6 +119,59 @@ CreateFn cuda_module() {
 }  // namespace
 #endif
 
+void Backend::run_step(const StepProgram& program, const Batch& batch, const ModelConfig& c,
+                       float* host_logits, const std::function<void(int64_t)>& on_layer_end) {
+  const int64_t T = batch.size();
+  const int64_t d = c.d_model;
+  const std::vector<float> none;
+  for (size_t i = 0; i < program.ops.size(); ++i) {
+    const StepOp& op = program.ops[i];
+    before_op(static_cast<int64_t>(i));
+    switch (op.kind) {
+      case OpKind::kEmbed:
+        embed(act(op.y));
+        break;
+      case OpKind::kRmsNorm:
+        rms_norm(act(op.x), *op.vec, act(op.y), d);
+        break;
+      case OpKind::kMatmul:
+        matmul(*op.w, act(op.x), act(op.y));
+        break;
+      case OpKind::kMatmulBias:
+        matmul_bias(*op.w, act(op.x), act(op.y), op.vec ? *op.vec : none);
+        break;
+      case OpKind::kMatmulAdd:
+        matmul_add(*op.w, act(op.x), act(op.y), act(Act::kOut), T * d);
+        break;
+      case OpKind::kHeadNorm:
+        head_norm(act(op.x), *op.vec, op.n_heads);
+        break;
+      case OpKind::kRopeKv:
+        rope_kv(op.layer, act(op.x), act(op.y), act(Act::kV));
+        break;
+      case OpKind::kAttention:
+        attention(op.layer, act(op.x), act(op.y));
+        break;
+      case OpKind::kSwiGlu:
+        swiglu(act(op.y), act(op.x), T * c.d_ff);
+        break;
+      case OpKind::kGeGlu:
+        geglu(act(op.y), act(op.x), T * c.d_ff);
+        break;
+      case OpKind::kAdd:
+        add(act(op.y), act(op.x), T * d);
+        break;
+      case OpKind::kLayerEnd:
+        if (on_layer_end) on_layer_end(op.layer);
+        break;
+      case OpKind::kLogits:
+        logits(act(op.x), host_logits);
+        break;
+    }
+  }
+  before_op(-1);
+}
+
 std::unique_ptr<Backend> make_backend(const BackendOptions& opts) {
   switch (opts.device) {
     case DeviceKind::kCpu:

@@ -25,6 +25,8 @@ Engine::Engine(const Model& model, EngineOptions opts, std::unique_ptr<Backend> 
          std::numeric_limits<int32_t>::max());
   backend_ = std::move(backend);
   backend_->prepare(model_, kv_layout_, blocks_.max_blocks(), n_ctx_);
+  program_ = StepProgram::record(model_);
+  backend_->set_program(&program_);
 }
 
 Engine::~Engine() = default;
@@ -147,81 +149,26 @@ void Engine::run(const Batch& b, float* logits) {
   Backend& be = *backend_;
   counts_ = {};
   be.begin(b);
-  float* x = be.act(Act::kX);
-  float* xn = be.act(Act::kXn);
-  float* q = be.act(Act::kQ);
-  float* k = be.act(Act::kK);
-  float* v = be.act(Act::kV);
-  float* att = be.act(Act::kAtt);
-  float* gate = be.act(Act::kGate);
-  float* up = be.act(Act::kUp);
-  float* out = be.act(Act::kOut);
-  auto project = [&](const WeightDesc& w, const float* in, float* y) {
-    be.matmul(w, in, y);
-    counts_.proj_macs += T * w.k * w.n_rows;
-  };
-  auto project_bias = [&](const WeightDesc& w, const float* in, float* y,
-                          const std::vector<float>& b) {
-    be.matmul_bias(w, in, y, b);
-    counts_.proj_macs += T * w.k * w.n_rows;
-  };
-  // x += in W^T: the residual add of the attention output and the FFN.
-  auto project_add = [&](const WeightDesc& w, const float* in, float* acc) {
-    be.matmul_add(w, in, acc, out, T * d);
-    counts_.proj_macs += T * w.k * w.n_rows;
-  };
-
-  be.embed(x);
-  for (int64_t l = 0; l < c.n_layer; ++l) {
-    const LayerWeights& L = model_.layers()[static_cast<size_t>(l)];
-    be.rms_norm(x, L.attn_norm, xn, d);
-    project_bias(L.wq, xn, q, L.bq);
-    project_bias(L.wk, xn, k, L.bk);
-    project_bias(L.wv, xn, v, L.bv);
-    if (c.qk_norm) {
-      be.head_norm(q, L.q_norm, c.n_head);
-      be.head_norm(k, L.k_norm, c.n_head_kv);
-    }
-    be.rope_kv(l, q, k, v);
-    be.attention(l, q, att);
-    if (c.post_norms) {  // x += rmsnorm(att W_o^T)
-      project(L.wo, att, out);
-      be.rms_norm(out, L.attn_post_norm, out, d);
-      be.add(x, out, T * d);
-    } else {
-      project_add(L.wo, att, x);
-    }
-
-    be.rms_norm(x, L.ffn_norm, xn, d);
-    project(L.w_gate, xn, gate);
-    project(L.w_up, xn, up);
-    if (c.glu == Glu::kGeGLU) {
-      be.geglu(gate, up, T * c.d_ff);
-    } else {
-      be.swiglu(gate, up, T * c.d_ff);
-    }
-    if (c.post_norms) {
-      project(L.w_down, gate, out);
-      be.rms_norm(out, L.ffn_post_norm, out, d);
-      be.add(x, out, T * d);
-    } else {
-      project_add(L.w_down, gate, x);
-    }
-    if (residual_hook_) {
-      const float* h = x;
+  std::function<void(int64_t)> on_layer_end;
+  if (residual_hook_) {
+    on_layer_end = [&](int64_t l) {
+      const float* h = be.act(Act::kX);
       if (be.kind() != DeviceKind::kCpu) {
         residual_host_.resize(static_cast<size_t>(T * d));
-        be.to_host(residual_host_.data(), x, T * d);
+        be.to_host(residual_host_.data(), h, T * d);
         h = residual_host_.data();
       }
       residual_hook_(l, h, T, d);
-    }
+    };
   }
+  be.run_step(program_, b, c, logits, on_layer_end);
+  for (const StepOp& op : program_.ops)
+    if (op.kind == OpKind::kMatmul || op.kind == OpKind::kMatmulBias ||
+        op.kind == OpKind::kMatmulAdd)
+      counts_.proj_macs += T * op.w->k * op.w->n_rows;
   int64_t attn = 0;  // over every layer (a windowed one reads at most its window)
   for (const BatchRowMeta& r : b.rows) attn += 2 * c.attended_positions(r.pos) * c.head_dim;
   counts_.attn_macs = attn * c.n_head;
-  // Final norm and logits only for the rows that need them.
-  be.logits(x, logits);
   const WeightDesc& o = model_.output();
   counts_.proj_macs += static_cast<int64_t>(b.logit_rows.size()) * o.k * o.n_rows;
 }

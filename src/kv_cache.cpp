@@ -27,7 +27,7 @@ int64_t kv_sequence_bytes(int64_t len, int64_t n_full, int64_t n_sliding, int64_
 }
 
 KvLayout kv_layout_for(const ModelConfig& c, bool swa_full) {
-  KvLayout L{c.n_layer, c.n_head_kv * c.head_dim, {}, {}, {}, 0};
+  KvLayout L = KvLayout::uniform(c.n_layer, c.n_head_kv * c.head_dim);
   const int64_t n_local = c.n_swa > 0 ? c.n_swa_layers : 0;
   if (swa_full || n_local == 0) return L;
   if (n_local == c.n_layer) {  // every layer windowed: one group that slides
@@ -405,7 +405,7 @@ void HostKvPool::copy(int32_t from, int32_t to) {
 
 PagedKvCache::PagedKvCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t max_tokens)
     : blocks_((max_tokens + kBlockTokens - 1) / kBlockTokens),
-      pool_(KvLayout{n_layer, n_head_kv * head_dim}, blocks_.max_blocks()) {}
+      pool_(KvLayout::uniform(n_layer, n_head_kv * head_dim), blocks_.max_blocks()) {}
 
 void PagedKvCache::append(int seq, int64_t n) {
   std::vector<KvBlockManager::Copy> copies;

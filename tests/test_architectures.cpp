@@ -485,3 +485,57 @@ TEST(Architectures, InspectNamesTheRowAndItsSteps) {
 
 }  // namespace
 }  // namespace barata
+
+namespace barata {
+namespace {
+
+// The step recorded at load: the row's optional steps are ops (and only
+// those), every norm and bias has an id, and the analysis finds the matmuls
+// that read each norm's and GLU's output, the fusions a backend makes.
+TEST(StepProgram, RecordsEachRowsStepsAndTheirReaders) {
+  auto count = [](const StepProgram& p, OpKind k) {
+    return std::count_if(p.ops.begin(), p.ops.end(), [k](const StepOp& o) { return o.kind == k; });
+  };
+  for (const char* name : {"tiny-qwen3", "tiny-llama3", "tiny-gemma3", "tiny-phi"}) {
+    SCOPED_TRACE(name);
+    const Model model = Model::load(arch_model(name));
+    const ModelConfig& c = model.config();
+    const StepProgram p = StepProgram::record(model);
+    const auto L = c.n_layer;
+    EXPECT_EQ(p.ops.front().kind, OpKind::kEmbed);
+    EXPECT_EQ(p.ops.back().kind, OpKind::kLogits);
+    EXPECT_EQ(count(p, OpKind::kRopeKv), L);
+    EXPECT_EQ(count(p, OpKind::kAttention), L);
+    EXPECT_EQ(count(p, OpKind::kLayerEnd), L);
+    EXPECT_EQ(count(p, OpKind::kHeadNorm), c.qk_norm ? 2 * L : 0);
+    EXPECT_EQ(count(p, OpKind::kGeGlu), c.glu == Glu::kGeGLU ? L : 0);
+    EXPECT_EQ(count(p, OpKind::kSwiGlu), c.glu == Glu::kSwiGLU ? L : 0);
+    // Post-norms: wo and w_down write a scratch, then norm and add.
+    EXPECT_EQ(count(p, OpKind::kAdd), c.post_norms ? 2 * L : 0);
+    EXPECT_EQ(count(p, OpKind::kMatmulAdd), c.post_norms ? 0 : 2 * L);
+    EXPECT_EQ(count(p, OpKind::kRmsNorm), (c.post_norms ? 4 : 2) * L);
+    // Ids: one per vector, in order.
+    int32_t next = 0;
+    for (const StepOp& o : p.ops)
+      if (o.vec) EXPECT_EQ(o.vec_id, next++) << o.name;
+    EXPECT_EQ(p.n_vecs, next);
+    // Readers.
+    const LayerWeights& l0 = model.layers()[0];
+    for (const StepOp& o : p.ops) {
+      if (o.layer != 0) continue;
+      if (o.name == "attn_norm")
+        EXPECT_EQ(o.readers, (std::vector<int64_t>{l0.wq.id, l0.wk.id, l0.wv.id}));
+      if (o.name == "ffn_norm")
+        EXPECT_EQ(o.readers, (std::vector<int64_t>{l0.w_gate.id, l0.w_up.id}));
+      if (o.kind == OpKind::kSwiGlu || o.kind == OpKind::kGeGlu)
+        EXPECT_EQ(o.readers, (std::vector<int64_t>{l0.w_down.id}));
+      if (o.name == "attn_post_norm" || o.name == "ffn_post_norm") EXPECT_TRUE(o.readers.empty());
+    }
+    EXPECT_EQ(p.ops.back().readers, (std::vector<int64_t>{model.output().id}));
+    const std::string d = p.describe();
+    EXPECT_NE(d.find("L0   matmul_bias  wq +bq(xn -> q)"), std::string::npos) << d;
+  }
+}
+
+}  // namespace
+}  // namespace barata

@@ -74,7 +74,7 @@ class BackendOps : public ::testing::TestWithParam<std::tuple<DeviceKind, Shape>
     syn_ = test::make_model(shape_, 1234);
     model_ = std::make_unique<Model>(Model::from_gguf(GgufFile::from_memory(syn_.gguf, "ops")));
     const ModelConfig& c = model_->config();
-    layout_ = KvLayout{c.n_layer, c.n_head_kv * c.head_dim};
+    layout_ = KvLayout::uniform(c.n_layer, c.n_head_kv * c.head_dim);
     blocks_ = std::make_unique<KvBlockManager>(kBlocks);
     be_->prepare(*model_, layout_, kBlocks, kCtx);
   }
@@ -433,7 +433,7 @@ TEST_P(CudaMatmul, EveryWidthBothPaths) {
   // The CPU backend quantizes activations to 8 bits for the same types as
   // qmm_q8 (and by the same bits), so that path equals it up to fp32
   // summation order.
-  const KvLayout layout{c.n_layer, c.n_head_kv * c.head_dim};
+  const KvLayout layout = KvLayout::uniform(c.n_layer, c.n_head_kv * c.head_dim);
   auto cpu = test::make_test_backend(DeviceKind::kCpu, 2);
   cpu->prepare(model, layout, 16, 128);
   for (const auto& [skinny, q8] : {std::pair{64, 1}, std::pair{64, 0}, std::pair{0, 0}}) {

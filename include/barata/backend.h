@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,7 @@
 #include "barata/batch.h"
 #include "barata/kv_cache.h"
 #include "barata/model.h"
+#include "barata/step.h"
 
 namespace barata {
 
@@ -37,9 +39,6 @@ struct BackendOptions {
   // (fp32 activations), -1 BARATA_CUDA_Q8_ACT (default yes).
   int cuda_q8_activations = -1;
 };
-
-// The activation buffers of the forward pass.
-enum class Act { kX, kXn, kQ, kK, kV, kAtt, kGate, kUp, kOut, kCount };
 
 // The kernel one matmul ran for a weight type at a batch width (rows).
 struct KernelChoice {
@@ -78,9 +77,21 @@ class Backend {
   // needed, what is free) before allocating anything when it cannot fit.
   virtual void prepare(const Model& model, const KvLayout& kv, int64_t n_blocks, int64_t n_ctx) = 0;
 
+  // The step the engine will run (recorded once, include/barata/step.h; it
+  // outlives the backend's use of it). A backend may plan over it: which
+  // matmuls read an activation, which layer an op is of. Ops called outside
+  // run_step (the op tests) run without it.
+  virtual void set_program(const StepProgram* program) { program_ = program; }
+
   // The batch every following op works on (metadata uploaded here), and the
   // activation buffers sized for it.
   virtual void begin(const Batch& batch) = 0;
+
+  // Runs the program on the batch of the last begin(): each op in order,
+  // through the op calls below, with before_op(i) first; on_layer_end gets
+  // each layer's index after its last op (may be empty).
+  void run_step(const StepProgram& program, const Batch& batch, const ModelConfig& c,
+                float* host_logits, const std::function<void(int64_t)>& on_layer_end);
   virtual float* act(Act a) = 0;
 
   // x = rows of the embedding table for the batch's tokens, times the
@@ -134,6 +145,11 @@ class Backend {
 
   virtual DeviceReport report() const = 0;
   virtual std::unique_ptr<BandwidthProbe> bandwidth_probe(int64_t bytes) = 0;
+
+ protected:
+  // Before op i of the program run_step runs (-1 after the last).
+  virtual void before_op(int64_t i) {}
+  const StepProgram* program_ = nullptr;
 };
 
 // RoPE tables of positions [p0, p1), row p - p0 holding rope_dims / 2 values:

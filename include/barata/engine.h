@@ -55,6 +55,7 @@ class Engine {
   // kv_bytes_per_token() once sliding-window layers have released blocks).
   int64_t kv_sequence_bytes(int64_t len) const;
   const KvLayout& kv_layout() const { return kv_layout_; }
+  const StepProgram& program() const { return program_; }
 
   int new_sequence() { return blocks_.new_sequence(); }
   void free_sequence(int seq) { blocks_.free_sequence(seq); }
@@ -99,6 +100,7 @@ class Engine {
   Batch scratch_batch_;
   ResidualHook residual_hook_;
   std::vector<float> residual_host_;  // the hook's copy of x on device backends
+  StepProgram program_;               // the step, recorded once (step.h)
 };
 
 }  // namespace barata

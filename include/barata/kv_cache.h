@@ -42,6 +42,14 @@ struct KvLayout {
   std::vector<int64_t> group_window;
   int64_t group_layers = 0;  // layers per group (0: n_layer)
 
+  // One group of every layer.
+  static KvLayout uniform(int64_t n_layer, int64_t kv_dim) {
+    KvLayout L;
+    L.n_layer = n_layer;
+    L.kv_dim = kv_dim;
+    return L;
+  }
+
   int64_t n_groups() const {
     return group_window.empty() ? 1 : static_cast<int64_t>(group_window.size());
   }

@@ -280,9 +280,7 @@ class CudaBackend final : public Backend {
   // copy too, in the same launch (so does swiglu, for the down projection).
   void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t d) override {
     if (wrote_acts()) return;
-    auto it = norm_readers_.find(w.data());
-    const Q8Out q8 =
-        it != norm_readers_.end() && q8_read(it->second, rows_, d) ? q8_out() : Q8Out{};
+    const Q8Out q8 = q8_read(op_readers(OpKind::kRmsNorm), rows_, d) ? q8_out() : Q8Out{};
     launch_rmsnorm(x, vec(w), y, rows_, d, model_->config().norm_eps, nullptr, stream_, q8);
     after("rms_norm");
     if (q8.xq) q8_holds(y, rows_, d);
@@ -321,7 +319,6 @@ class CudaBackend final : public Backend {
   }
 
   void rope_kv(int64_t layer, float* q, float* k, const float* v) override {
-    layer_ = layer;
     if (wrote_acts()) return;
     launch_rope_kv(q, k, v, d_rows(), rows_, model_->config().is_swa(layer) ? rope_swa_ : rope_,
                    kv_view(layer), stream_);
@@ -352,8 +349,7 @@ class CudaBackend final : public Backend {
   void glu(float* gate, const float* up, int64_t n, bool gelu) {
     if (wrote_acts()) return;
     const int64_t k = model_->config().d_ff;
-    if (layer_ >= 0 && layer_ < static_cast<int64_t>(down_of_layer_.size()) && n == rows_ * k &&
-        q8_read({down_of_layer_[static_cast<size_t>(layer_)]}, rows_, k)) {
+    if (n == rows_ * k && q8_read(op_readers(gelu ? OpKind::kGeGlu : OpKind::kSwiGlu), rows_, k)) {
       launch_swiglu_q8(gate, up, n, q8_out(), stream_, gelu);
       after("swiglu");
       q8_holds(gate, rows_, k);
@@ -583,9 +579,18 @@ class CudaBackend final : public Backend {
   // Weight ids of the matmuls that read each norm's output (by the norm
   // vector's host address), and each layer's down projection; the layer of
   // the op running (from rope_kv).
-  std::unordered_map<const float*, std::vector<int64_t>> norm_readers_;
-  std::vector<int64_t> down_of_layer_;
-  int64_t layer_ = -1;
+  // The op of the program run_step is at (null outside run_step: the op
+  // tests call ops one by one, and nothing is fused for them).
+  const StepOp* op_ = nullptr;
+  void before_op(int64_t i) override {
+    op_ = program_ && i >= 0 ? &program_->ops[static_cast<size_t>(i)] : nullptr;
+  }
+  // The weights whose matmuls read the current op's output, when it is an
+  // op of that kind (the program's analysis, step.cpp).
+  const std::vector<int64_t>& op_readers(OpKind kind) const {
+    static const std::vector<int64_t> none;
+    return op_ && op_->kind == kind ? op_->readers : none;
+  }
   int64_t acts_rows_ = 0;
   int64_t off_tokens_ = 0, off_rows_ = 0, off_tiles_ = 0, off_logit_rows_ = 0, off_tables_ = 0;
   void* pinned_ = nullptr;
@@ -710,15 +715,6 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
                           &L.attn_post_norm, &L.ffn_post_norm})
       upload_vec(*v);
   upload_vec(model.output_norm());
-  // The matmuls that read each norm's output (and, by layer, swiglu's).
-  norm_readers_.clear();
-  down_of_layer_.clear();
-  for (const LayerWeights& L : model.layers()) {
-    norm_readers_[L.attn_norm.data()] = {L.wq.id, L.wk.id, L.wv.id};
-    norm_readers_[L.ffn_norm.data()] = {L.w_gate.id, L.w_up.id};
-    down_of_layer_.push_back(L.w_down.id);
-  }
-  norm_readers_[model.output_norm().data()] = {model.output().id};
 
   pool_ = static_cast<uint16_t*>(arena_.alloc(kv_bytes, "the KV cache"));
 
@@ -972,9 +968,7 @@ void CudaBackend::logits(const float* x, float* host_logits) {
   if (!capturing_ && logits_.ensure(arena_, n_out * c.n_vocab * 4, "logits")) drop_graphs();
   if (!replay_) {
     q8_of_ = nullptr;
-    auto it = norm_readers_.find(model_->output_norm().data());
-    const Q8Out q8 =
-        it != norm_readers_.end() && q8_read(it->second, n_out, c.d_model) ? q8_out() : Q8Out{};
+    const Q8Out q8 = q8_read(op_readers(OpKind::kLogits), n_out, c.d_model) ? q8_out() : Q8Out{};
     launch_rmsnorm(x, vec(model_->output_norm()), xn, n_out, c.d_model, c.norm_eps, d_logit_rows(),
                    stream_, q8);
     after("output rms_norm");
