@@ -121,25 +121,31 @@ void KvBlockManager::free_sequence(int seq) {
   live(seq).live = false;
 }
 
+bool KvBlockManager::can_truncate(int seq, int64_t n) const {
+  const Sequence& s = live(seq);
+  if (n <= 0 || n >= s.n_tokens) return n >= 0;
+  const auto keep = static_cast<size_t>((n + kBlockTokens - 1) / kBlockTokens);
+  // A sliding group must still hold what the next row (position n) reads.
+  for (size_t g = 0; g < windows_.size(); ++g) {
+    if (windows_[g] == 0) continue;
+    const auto first =
+        static_cast<size_t>(std::max<int64_t>(0, n + 1 - windows_[g]) / kBlockTokens);
+    if (first < keep && s.tables[g][first] == kNoBlock) return false;
+  }
+  return true;
+}
+
 void KvBlockManager::truncate(int seq, int64_t n) {
   if (n < 0) fail("KV cache: truncate of sequence {} to {} tokens", seq, n);
   Sequence& s = live(seq);
   if (n >= s.n_tokens) return;
   const size_t keep = static_cast<size_t>((n + kBlockTokens - 1) / kBlockTokens);
-  // A sliding group must still hold what the next row (position n) reads.
-  if (n > 0) {
-    for (size_t g = 0; g < windows_.size(); ++g) {
-      if (windows_[g] == 0) continue;
-      const auto first =
-          static_cast<size_t>(std::max<int64_t>(0, n + 1 - windows_[g]) / kBlockTokens);
-      if (first < keep && s.tables[g][first] == kNoBlock)
-        fail(
-            "KV cache: sequence {} cannot go back to {} of its {} tokens: its sliding-window "
-            "layers have released the blocks before position {} (a truncation may go back at most "
-            "{} positions behind the window)",
-            seq, n, s.n_tokens, s.released_to * kBlockTokens, keep_back_);
-    }
-  }
+  if (!can_truncate(seq, n))
+    fail(
+        "KV cache: sequence {} cannot go back to {} of its {} tokens: its sliding-window layers "
+        "have released the blocks before position {} (a truncation may go back at most {} "
+        "positions behind the window)",
+        seq, n, s.n_tokens, s.released_to * kBlockTokens, keep_back_);
   for (auto& t : s.tables) {
     for (size_t i = keep; i < t.size(); ++i)
       if (t[i] != kNoBlock) release_block(t[i]);

@@ -19,6 +19,7 @@
 #include "barata/engine.h"
 #include "barata/error.h"
 #include "barata/gguf.h"
+#include "barata/bench.h"
 #include "test_util.h"
 
 namespace barata {
@@ -249,6 +250,24 @@ TEST(ArchKvGroups, Gemma3FreesItsWindowsBlocksAndKeepsItsLogits) {
   full.decode(sb, t, lb.data());
   EXPECT_EQ(la, lb) << "after a truncation";
   EXPECT_THROW(slid.truncate(a, 100), Error);
+}
+
+// bench goes back in a sequence between repetitions (100 timed steps, more
+// than the 64 positions kept back, and C = 40 after 300): where the sliding
+// layers released what that needs, it refills from the start rather than
+// failing.
+TEST(ArchKvGroups, BenchGoesBackPastTheReleasedBlocks) {
+  const Model model = Model::load(arch_model("tiny-gemma3"));
+  Engine e(model, {.n_threads = 2, .n_ctx = 512});
+  bench::Settings s;
+  s.reps = 1;
+  s.cache_tokens = {300, 40};
+  s.decode_steps = 100;
+  const std::vector<bench::DecodeRow> rows = bench::run_decode(e, s, {});
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].n_cached, 40);  // in ascending order
+  EXPECT_EQ(rows[1].n_cached, 300);
+  for (const auto& r : rows) EXPECT_GT(r.tokens_per_s.median, 0.0);
 }
 
 // Real weights: Gemma 3 270M in Q4_K_M (scripts/fetch-gemma3.sh) against the

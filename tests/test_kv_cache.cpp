@@ -304,6 +304,9 @@ TEST(KvGroups, ASlidingGroupReleasesTheBlocksBehindItsWindow) {
   m.truncate(s, 190);
   EXPECT_EQ(m.length(s), 190);
   // Further back is refused: row 150 would see from 119, in released block 7.
+  EXPECT_TRUE(m.can_truncate(s, 180));
+  EXPECT_FALSE(m.can_truncate(s, 150));
+  EXPECT_TRUE(m.can_truncate(s, 0));
   try {
     m.truncate(s, 150);
     ADD_FAILURE() << "truncate past the released blocks was accepted";

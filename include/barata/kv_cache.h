@@ -101,11 +101,15 @@ class KvBlockManager {
                           int64_t keep_back = kDefaultKeepBack);
   static constexpr int64_t kDefaultKeepBack = 64;
 
-  int new_sequence();                 // an empty sequence; returns its id
-  void free_sequence(int seq);        // releases its blocks
-  void truncate(int seq, int64_t n);  // keeps the first n tokens
-  int fork(int seq);                  // a new sequence sharing seq's blocks (copy on write)
-  int64_t length(int seq) const;      // throws barata::Error for a sequence that does not exist
+  int new_sequence();           // an empty sequence; returns its id
+  void free_sequence(int seq);  // releases its blocks
+  // Keeps the first n tokens. With sliding groups, going back more than
+  // keep_back positions behind the window is an Error (their blocks are
+  // released): can_truncate says whether it would be; 0 is always allowed.
+  void truncate(int seq, int64_t n);
+  bool can_truncate(int seq, int64_t n) const;
+  int fork(int seq);              // a new sequence sharing seq's blocks (copy on write)
+  int64_t length(int seq) const;  // throws barata::Error for a sequence that does not exist
   bool exists(int seq) const;
 
   // Blocks that appending n tokens to seq would take from the free list (a

@@ -21,6 +21,8 @@ std::vector<int32_t> synthetic_tokens(int64_t first, int64_t n, int64_t n_vocab)
 
 // Grows `seq` (which holds `have` tokens or more) to exactly n tokens.
 void fill_to(Engine& e, int seq, int64_t n, float* logits) {
+  // Sliding-window layers may have released what going back needs: refill.
+  if (!e.blocks().can_truncate(seq, n)) e.truncate(seq, 0);
   const int64_t have = e.length(seq);
   if (have > n) e.truncate(seq, n);
   if (have >= n) return;
@@ -34,7 +36,7 @@ std::vector<double> time_decode(Engine& e, int seq, int64_t n_cached, const Sett
                                 const Hooks& h, const std::string& what, float* logits) {
   const int64_t V = e.model().config().n_vocab;
   auto samples = repeat(s, h, what, [&](int) {
-    e.truncate(seq, n_cached);
+    fill_to(e, seq, n_cached, logits);
     const int seqs[1] = {seq};
     const auto t0 = Clock::now();
     for (int64_t k = 0; k < s.decode_steps; ++k) {
@@ -43,7 +45,7 @@ std::vector<double> time_decode(Engine& e, int seq, int64_t n_cached, const Sett
     }
     return ms_since(t0) / static_cast<double>(s.decode_steps);
   });
-  e.truncate(seq, n_cached);
+  fill_to(e, seq, n_cached, logits);
   return samples;
 }
 
@@ -139,7 +141,7 @@ std::vector<BatchRow> run_batch(Engine& e, const Settings& s, const Hooks& h) {
     const std::span<const int> batch(seqs.data(), static_cast<size_t>(B));
     const auto toks = synthetic_tokens(n * max_b, B, V);
     auto ms = repeat(s, h, fmt::format("batch B={}", B), [&](int) {
-      for (int q : batch) e.truncate(q, n);
+      for (int q : batch) fill_to(e, q, n, logits.data());
       const auto t0 = Clock::now();
       e.decode(batch, toks, logits.data());
       return ms_since(t0);

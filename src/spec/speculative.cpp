@@ -243,6 +243,8 @@ void ModelDrafter::propose(std::span<const int32_t> ctx, int n, Draft& out) {
   // Keep the common prefix, but always run the last token for its logits.
   size_t keep = 0;
   while (keep < cached_.size() && keep + 1 < ctx.size() && cached_[keep] == ctx[keep]) ++keep;
+  // Sliding-window layers may have released what going back needs.
+  if (!engine_.blocks().can_truncate(seq_, static_cast<int64_t>(keep))) keep = 0;
   engine_.truncate(seq_, static_cast<int64_t>(keep));
   cached_.resize(keep);
   engine_.prefill(seq_, ctx.subspan(keep), logits_.data());
