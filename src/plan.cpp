@@ -215,15 +215,15 @@ MemoryPlan plan_memory(const ModelShape& m, int64_t memory_bytes, int64_t reserv
   return p;
 }
 
-std::string describe_kv_pool(int64_t pool_tokens, int64_t n_ctx, int64_t bytes_per_token) {
-  pool_tokens = std::max<int64_t>(pool_tokens, 0);
-  n_ctx = std::max<int64_t>(n_ctx, 1);
-  std::string s = fmt::format(
-      "KV pool: {} tokens ({}, fp16): ", pool_tokens,
-      mib_or_gib(static_cast<double>(pool_tokens) * static_cast<double>(bytes_per_token)));
+namespace {
+
+// "1 user x C1 context, or 4 x C4, ...": the counts past 1 while their
+// context, context_for(users), is at least min(n_ctx, 256).
+std::string users_and_contexts(int64_t n_ctx, const std::function<int64_t(int64_t)>& context_for) {
+  std::string s;
   const int64_t useful = std::min<int64_t>(n_ctx, 256);
   for (int64_t u : kUserCounts) {
-    const int64_t ctx = std::min(n_ctx, pool_tokens / u);
+    const int64_t ctx = context_for(u);
     if (u == 1) {
       s += fmt::format("1 user x {} context", ctx);
     } else {
@@ -234,14 +234,22 @@ std::string describe_kv_pool(int64_t pool_tokens, int64_t n_ctx, int64_t bytes_p
   return s;
 }
 
+}  // namespace
+
+std::string describe_kv_pool(int64_t pool_tokens, int64_t n_ctx, int64_t bytes_per_token) {
+  pool_tokens = std::max<int64_t>(pool_tokens, 0);
+  n_ctx = std::max<int64_t>(n_ctx, 1);
+  return fmt::format(
+             "KV pool: {} tokens ({}, fp16): ", pool_tokens,
+             mib_or_gib(static_cast<double>(pool_tokens) * static_cast<double>(bytes_per_token))) +
+         users_and_contexts(n_ctx, [&](int64_t u) { return std::min(n_ctx, pool_tokens / u); });
+}
+
 std::string describe_kv_pool_bytes(int64_t pool_bytes, int64_t n_ctx,
                                    const std::function<int64_t(int64_t)>& seq_bytes) {
   n_ctx = std::max<int64_t>(n_ctx, 1);
-  std::string s = fmt::format("KV pool: {} (fp16; sliding-window layers keep their window): ",
-                              mib_or_gib(static_cast<double>(std::max<int64_t>(pool_bytes, 0))));
-  const int64_t useful = std::min<int64_t>(n_ctx, 256);
-  for (int64_t u : kUserCounts) {
-    int64_t lo = 0, hi = n_ctx;  // the longest context u users fit
+  auto context_for = [&](int64_t u) {  // the longest context u users fit
+    int64_t lo = 0, hi = n_ctx;
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo + 1) / 2;
       if (seq_bytes(mid) * u <= pool_bytes)
@@ -249,14 +257,11 @@ std::string describe_kv_pool_bytes(int64_t pool_bytes, int64_t n_ctx,
       else
         hi = mid - 1;
     }
-    if (u == 1) {
-      s += fmt::format("1 user x {} context", lo);
-    } else {
-      if (lo < useful) break;
-      s += fmt::format("{} {} x {}", u == kUserCounts[1] ? ", or" : ",", u, lo);
-    }
-  }
-  return s;
+    return lo;
+  };
+  return fmt::format("KV pool: {} (fp16; sliding-window layers keep their window): ",
+                     mib_or_gib(static_cast<double>(std::max<int64_t>(pool_bytes, 0)))) +
+         users_and_contexts(n_ctx, context_for);
 }
 
 std::string group_thousands(int64_t n) {

@@ -493,6 +493,17 @@ class CudaBackend final : public Backend {
     q8_k_ = k;
   }
 
+  // Ends the capture in progress and instantiates what it recorded.
+  cudaGraphExec_t end_capture() {
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    BARATA_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    BARATA_CUDA_CHECK(err);
+    return exec;
+  }
   // A host transfer in the middle of a step that is being captured (the op
   // tests drive a decode-shaped batch one op at a time and read back between
   // ops; a stream that is capturing refuses the synchronize): the capture
@@ -501,13 +512,7 @@ class CudaBackend final : public Backend {
   // their graphs are captured whole.
   void run_capture_now() {
     if (!capturing_) return;
-    capturing_ = false;
-    cudaGraph_t g = nullptr;
-    BARATA_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
-    cudaGraphDestroy(g);
-    BARATA_CUDA_CHECK(err);
+    cudaGraphExec_t exec = end_capture();
     const cudaError_t launched = cudaGraphLaunch(exec, stream_);
     const cudaError_t done = cudaStreamSynchronize(stream_);
     cudaGraphExecDestroy(exec);
@@ -977,14 +982,7 @@ void CudaBackend::logits(const float* x, float* host_logits) {
                {});
   }
   if (capturing_) {
-    cudaGraph_t g = nullptr;
-    BARATA_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
-    cudaGraphDestroy(g);
-    BARATA_CUDA_CHECK(err);
-    graphs_[rows_] = exec;
-    capturing_ = false;
+    graphs_[rows_] = end_capture();
     replay_ = true;
   }
   if (replay_) BARATA_CUDA_CHECK(cudaGraphLaunch(graphs_[rows_], stream_));
