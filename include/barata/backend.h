@@ -1,8 +1,9 @@
 // The seam between the one forward pass (Engine::forward) and the hardware
 // that runs it. A backend is chosen once, when the engine is made
 // (--device cpu|cuda); prepare() uploads the weights in their stored type,
-// binds one kernel per weight and allocates the KV pool, once. The forward
-// then calls the ops below, in order, on buffers the backend owns.
+// binds one kernel per weight and allocates the KV pool, once. The engine
+// records its step once (step.h) and hands it over whole: run_step runs its
+// ops through the op calls below, in order, on buffers the backend owns.
 //
 // Activations are fp32 row-major (batch rows x width). Every op works on the
 // batch of the last begin(): its rows, positions and cache slots.
