@@ -500,6 +500,15 @@ TEST(Architectures, InspectNamesTheRowAndItsSteps) {
       << q.out;
   const auto y = test::run_cli("inspect --no-tensors " + arch_model("tiny-llama-yarn").string());
   EXPECT_NE(y.out.find("RoPE scaling yarn x4 (original context 1024)"), std::string::npos) << y.out;
+  // Gemma 3's KV layer groups: 1 global layer holds 32 blocks at its 512
+  // positions, each of the 6 local ones 6 (window 32 + 64 kept back), of
+  // 4 KiB (one layer, 16 positions, K and V of 64 fp16).
+  const auto g = test::run_cli("inspect --no-tensors " + arch_model("tiny-gemma3").string());
+  EXPECT_NE(g.out.find("KV layer groups: 7 of 1 layers, 6 of them sliding (their blocks behind "
+                       "the window are freed): 272.00 KiB at the full context"),
+            std::string::npos)
+      << g.out;
+  EXPECT_EQ(q.out.find("KV layer groups"), std::string::npos) << q.out;
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "barata/kv_cache.h"
 #include "barata/error.h"
 #include "barata/file_io.h"
 #include "barata/gguf.h"
@@ -178,6 +179,19 @@ json build(const GgufFile& f) {
                   {"about", std::string(c.spec->about)},
                   {"steps", layer_steps(c)},
                   {"kv_bytes_per_token_f16", c.kv_bytes_per_token()}};
+    // The KV cache's layer groups (kv_cache.h) and what a sequence at the
+    // full context holds with the sliding layers' blocks freed.
+    const KvLayout L = kv_layout_for(c, false);
+    int64_t n_sliding_groups = 0;
+    for (int64_t g = 0; g < L.n_groups(); ++g) n_sliding_groups += L.window(g) > 0 ? 1 : 0;
+    const int64_t sliding = c.n_swa > 0 ? c.n_swa_layers : 0;
+    j["model"]["kv_groups"] = {
+        {"groups", L.n_groups()},
+        {"layers_per_group", L.layers_per_block()},
+        {"sliding_groups", n_sliding_groups},
+        {"bytes_at_full_context",
+         kv_sequence_bytes(c.n_ctx_train, c.n_layer - sliding, sliding, c.n_swa,
+                           c.n_head_kv * c.head_dim, KvBlockManager::kDefaultKeepBack)}};
   }
   if (f.has("tokenizer.ggml.tokens")) {
     try {
@@ -260,6 +274,15 @@ void print_text(const GgufFile& f, const json& j, bool show_tensors) {
         kv, m["n_layer"].get<int64_t>(), m["n_head_kv"].get<int64_t>(),
         m["head_dim"].get<int64_t>(),
         human_bytes(static_cast<uint64_t>(kv * m["n_ctx_train"].get<int64_t>())));
+    if (m.contains("kv_groups") && m["kv_groups"]["sliding_groups"].get<int64_t>() > 0) {
+      const auto& g = m["kv_groups"];
+      fmt::print(
+          "  KV layer groups: {} of {} layers, {} of them sliding (their blocks behind the window "
+          "are freed): {} at the full context (--swa-full keeps every block)\n",
+          g["groups"].get<int64_t>(), g["layers_per_group"].get<int64_t>(),
+          g["sliding_groups"].get<int64_t>(),
+          human_bytes(static_cast<uint64_t>(g["bytes_at_full_context"].get<int64_t>())));
+    }
   }
   if (j.contains("model_error"))
     fmt::print("\nmodel: cannot be run: {}\n", j["model_error"].get<std::string>());
