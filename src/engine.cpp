@@ -32,11 +32,7 @@ Engine::Engine(const Model& model, EngineOptions opts, std::unique_ptr<Backend> 
 Engine::~Engine() = default;
 
 int64_t Engine::kv_sequence_bytes(int64_t len) const {
-  const ModelConfig& c = model_.config();
-  const bool sliding = blocks_.has_sliding_groups();
-  const int64_t n_sliding = sliding ? c.n_swa_layers : 0;
-  return barata::kv_sequence_bytes(len, c.n_layer - n_sliding, n_sliding, sliding ? c.n_swa : 0,
-                                   kv_layout_.kv_dim, KvBlockManager::kDefaultKeepBack);
+  return barata::kv_sequence_bytes(model_.config(), len, !blocks_.has_sliding_groups());
 }
 
 int Engine::n_threads() const {

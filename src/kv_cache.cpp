@@ -26,6 +26,12 @@ int64_t kv_sequence_bytes(int64_t len, int64_t n_full, int64_t n_sliding, int64_
   return (n_full * blocks + n_sliding * sliding) * per_layer_block;
 }
 
+int64_t kv_sequence_bytes(const ModelConfig& c, int64_t len, bool swa_full) {
+  const int64_t sliding = !swa_full && c.n_swa > 0 ? c.n_swa_layers : 0;
+  return kv_sequence_bytes(len, c.n_layer - sliding, sliding, sliding > 0 ? c.n_swa : 0,
+                           c.n_head_kv * c.head_dim, KvBlockManager::kDefaultKeepBack);
+}
+
 KvLayout kv_layout_for(const ModelConfig& c, bool swa_full) {
   KvLayout L = KvLayout::uniform(c.n_layer, c.n_head_kv * c.head_dim);
   const int64_t n_local = c.n_swa > 0 ? c.n_swa_layers : 0;

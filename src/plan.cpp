@@ -136,17 +136,27 @@ int64_t ModelShape::kv_bytes_for(int64_t len) const {
                            KvBlockManager::kDefaultKeepBack);
 }
 
-int64_t context_per_user(const ModelShape& m, int64_t free_bytes, int64_t users, int64_t cap) {
-  if (free_bytes <= 0 || users <= 0) return 0;
-  int64_t lo = 0, hi = cap;  // lo fits
+namespace {
+
+// The largest len in [0, cap] with fits(len), fits being monotone (0 fits).
+int64_t largest_fitting(int64_t cap, const std::function<bool(int64_t)>& fits) {
+  int64_t lo = 0, hi = cap;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
-    if (m.kv_bytes_for(mid) <= free_bytes / users)
+    if (fits(mid))
       lo = mid;
     else
       hi = mid - 1;
   }
   return lo;
+}
+
+}  // namespace
+
+int64_t context_per_user(const ModelShape& m, int64_t free_bytes, int64_t users, int64_t cap) {
+  if (free_bytes <= 0 || users <= 0) return 0;
+  return largest_fitting(cap,
+                         [&](int64_t len) { return m.kv_bytes_for(len) <= free_bytes / users; });
 }
 
 ModelShape from_gguf(const GgufFile& f, std::optional<WeightFormat> format, bool swa_full) {
@@ -249,15 +259,7 @@ std::string describe_kv_pool_bytes(int64_t pool_bytes, int64_t n_ctx,
                                    const std::function<int64_t(int64_t)>& seq_bytes) {
   n_ctx = std::max<int64_t>(n_ctx, 1);
   auto context_for = [&](int64_t u) {  // the longest context u users fit
-    int64_t lo = 0, hi = n_ctx;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo + 1) / 2;
-      if (seq_bytes(mid) * u <= pool_bytes)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    return lo;
+    return largest_fitting(n_ctx, [&](int64_t len) { return seq_bytes(len) * u <= pool_bytes; });
   };
   return fmt::format("KV pool: {} (fp16; sliding-window layers keep their window): ",
                      mib_or_gib(static_cast<double>(std::max<int64_t>(pool_bytes, 0)))) +

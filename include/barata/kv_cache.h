@@ -83,6 +83,9 @@ int64_t kv_sequence_bytes(int64_t len, int64_t n_full, int64_t n_sliding, int64_
                           int64_t kv_dim, int64_t keep_back);
 
 struct ModelConfig;
+// The same for a model: its sliding-window layers (none with swa_full) and
+// KvBlockManager's default keep_back.
+int64_t kv_sequence_bytes(const ModelConfig& c, int64_t len, bool swa_full);
 // The cache layout of a model: one group, or with sliding-window layers (and
 // swa_full false) groups of only local or only global layers, of the size of
 // the smaller kind's count when that divides both (else one group).

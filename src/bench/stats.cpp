@@ -48,9 +48,7 @@ ModelInfo model_info(const Model& model, const std::string& path, int64_t n_ctx)
   m.n_ctx = n_ctx;
   m.weight_bytes = model.weight_bytes();
   m.kv_bytes_per_token = c.kv_bytes_per_token();
-  const int64_t sliding = c.n_swa > 0 ? c.n_swa_layers : 0;
-  m.kv_bytes_at_ctx = kv_sequence_bytes(n_ctx, c.n_layer - sliding, sliding, c.n_swa,
-                                        c.n_head_kv * c.head_dim, KvBlockManager::kDefaultKeepBack);
+  m.kv_bytes_at_ctx = kv_sequence_bytes(c, n_ctx, false);
   for (const WeightDesc* w : model.matrices())
     if (w->id != model.token_embd().id || c.tied_embeddings) m.matmul_params += w->k * w->n_rows;
   return m;

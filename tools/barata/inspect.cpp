@@ -184,14 +184,11 @@ json build(const GgufFile& f) {
     const KvLayout L = kv_layout_for(c, false);
     int64_t n_sliding_groups = 0;
     for (int64_t g = 0; g < L.n_groups(); ++g) n_sliding_groups += L.window(g) > 0 ? 1 : 0;
-    const int64_t sliding = c.n_swa > 0 ? c.n_swa_layers : 0;
     j["model"]["kv_groups"] = {
         {"groups", L.n_groups()},
         {"layers_per_group", L.layers_per_block()},
         {"sliding_groups", n_sliding_groups},
-        {"bytes_at_full_context",
-         kv_sequence_bytes(c.n_ctx_train, c.n_layer - sliding, sliding, c.n_swa,
-                           c.n_head_kv * c.head_dim, KvBlockManager::kDefaultKeepBack)}};
+        {"bytes_at_full_context", kv_sequence_bytes(c, c.n_ctx_train, false)}};
   }
   if (f.has("tokenizer.ggml.tokens")) {
     try {
