@@ -421,9 +421,6 @@ StepInfo Scheduler::step() {
     if (s.req.kv_seq >= 0) {  // the caller's cache holds the start
       s.kv = s.req.kv_seq;
       hit = std::min(kv.length(s.kv), static_cast<int64_t>(s.tokens.size()) - 1);
-      // Sliding-window layers may have released what going back needs: then
-      // the cache is recomputed from the start.
-      if (!kv.can_truncate(s.kv, hit)) hit = 0;
       kv.truncate(s.kv, hit);
     } else {
       s.kv = kv.new_sequence();
