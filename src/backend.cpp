@@ -124,9 +124,21 @@ void Backend::run_step(const StepProgram& program, const Batch& batch, const Mod
   const int64_t T = batch.size();
   const int64_t d = c.d_model;
   const std::vector<float> none;
+  struct Reset {  // op_ never outlives the step, even one that throws
+    Backend* b;
+    ~Reset() {
+      b->op_ = nullptr;
+      b->op_index_ = -1;
+    }
+  } reset{this};
+  if (step_begin(!on_layer_end)) {
+    step_end(host_logits);
+    return;
+  }
   for (size_t i = 0; i < program.ops.size(); ++i) {
     const StepOp& op = program.ops[i];
-    before_op(static_cast<int64_t>(i));
+    op_ = &op;
+    op_index_ = static_cast<int64_t>(i);
     switch (op.kind) {
       case OpKind::kEmbed:
         embed(act(op.y));
@@ -169,7 +181,9 @@ void Backend::run_step(const StepProgram& program, const Batch& batch, const Mod
         break;
     }
   }
-  before_op(-1);
+  op_ = nullptr;
+  op_index_ = -1;
+  step_end(host_logits);
 }
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& opts) {

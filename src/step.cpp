@@ -69,10 +69,17 @@ bool writes(const StepOp& op, Act a) {
 }
 
 // Each op's readers: the matmuls (and the logits' output matrix) that read
-// its output before it is written again.
+// its output before it is written again; each matmul's x_from: the op that
+// last wrote its input.
 void analyse(StepProgram& p) {
   for (size_t i = 0; i < p.ops.size(); ++i) {
     StepOp& op = p.ops[i];
+    if (is_matmul(op.kind))
+      for (size_t j = i; j-- > 0;)
+        if (writes(p.ops[j], op.x)) {
+          op.x_from = static_cast<int32_t>(j);
+          break;
+        }
     if (op.kind != OpKind::kRmsNorm && op.kind != OpKind::kSwiGlu && op.kind != OpKind::kGeGlu)
       continue;
     for (size_t j = i + 1; j < p.ops.size(); ++j) {
@@ -175,6 +182,7 @@ std::string StepProgram::describe() const {
     s += fmt::format("{:>4} {:<4} {:<12} {}({} -> {})", i,
                      op.layer >= 0 ? fmt::format("L{}", op.layer) : std::string("-"),
                      op_name(op.kind), op.name, act_name(op.x), act_name(op.y));
+    if (op.x_from >= 0) s += fmt::format(" x from {}", op.x_from);
     if (op.vec_id >= 0) s += fmt::format(" vec#{}", op.vec_id);
     if (!op.readers.empty()) {
       s += " read by w#";

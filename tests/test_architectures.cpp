@@ -560,6 +560,26 @@ TEST(StepProgram, RecordsEachRowsStepsAndTheirReaders) {
       if (o.name == "attn_post_norm" || o.name == "ffn_post_norm") EXPECT_TRUE(o.readers.empty());
     }
     EXPECT_EQ(p.ops.back().readers, (std::vector<int64_t>{model.output().id}));
+    // x_from: q, k and v read what attn_norm wrote; gate and up what ffn_norm
+    // wrote; down what the GLU wrote.
+    for (size_t i = 0; i < p.ops.size(); ++i) {
+      const StepOp& o = p.ops[i];
+      if (o.kind != OpKind::kMatmul && o.kind != OpKind::kMatmulBias &&
+          o.kind != OpKind::kMatmulAdd) {
+        EXPECT_EQ(o.x_from, -1) << i;
+        continue;
+      }
+      ASSERT_GE(o.x_from, 0) << o.name;
+      const StepOp& from = p.ops[static_cast<size_t>(o.x_from)];
+      const std::string role = o.name.substr(0, o.name.find(' '));  // "wq +bq": wq
+      std::string want;
+      if (role == "wq" || role == "wk" || role == "wv") want = "attn_norm";
+      if (role == "w_gate" || role == "w_up") want = "ffn_norm";
+      if (role == "w_down") want = c.glu == Glu::kGeGLU ? "geglu" : "swiglu";
+      if (role == "wo") want = "attention";
+      EXPECT_EQ(from.kind == OpKind::kRmsNorm ? from.name : std::string(op_name(from.kind)), want)
+          << o.name;
+    }
     const std::string d = p.describe();
     EXPECT_NE(d.find("L0   matmul_bias  wq +bq(xn -> q)"), std::string::npos) << d;
   }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -254,6 +255,49 @@ TEST(CudaEngine, ResidualHookCopiesToTheHost) {
   }
 }
 
+// A decode step is captured as a CUDA graph the first time its width is seen
+// and replayed after (in the emulation too, which records the launches and
+// replays them with the arguments they were captured with): the logits equal
+// those of the same steps run eagerly (BARATA_CUDA_GRAPHS=0) bit for bit,
+// width after width, and the report counts the captures and replays.
+TEST(CudaEngine, DecodeGraphsReplayBitForBitWithTheEagerSteps) {
+  const Model model = Model::load(test::tiny_model("stories260K.gguf"));
+  const int64_t V = model.config().n_vocab;
+  setenv("BARATA_CUDA_GRAPHS", "0", 1);
+  std::string why_eager;
+  auto eager = cuda_engine(model, 64, &why_eager);
+  unsetenv("BARATA_CUDA_GRAPHS");
+  CUDA_ENGINE_OR_SKIP(graphs, model, 64);
+  ASSERT_TRUE(eager) << why_eager;
+  const int steps = test::sanitized() ? 3 : 4;
+  for (int width : {1, 3}) {
+    SCOPED_TRACE("width " + std::to_string(width));
+    std::vector<int> se, sg;
+    std::vector<float> le(static_cast<size_t>(V * width)), lg(le.size());
+    for (int w = 0; w < width; ++w) {
+      const std::vector<int32_t> prompt{1, 400, 31, 7 + w};
+      se.push_back(eager->new_sequence());
+      sg.push_back(graphs->new_sequence());
+      eager->prefill(se.back(), prompt, le.data() + w * V);
+      graphs->prefill(sg.back(), prompt, lg.data() + w * V);
+    }
+    for (int step = 0; step < steps; ++step) {
+      std::vector<int32_t> next;
+      for (int w = 0; w < width; ++w) next.push_back(argmax(le.data() + w * V, V));
+      eager->decode(se, next, le.data());
+      graphs->decode(sg, next, lg.data());
+      ASSERT_EQ(std::memcmp(le.data(), lg.data(), le.size() * sizeof(float)), 0) << "step " << step;
+    }
+    for (int s : se) eager->free_sequence(s);
+    for (int s : sg) graphs->free_sequence(s);
+  }
+  const DeviceReport re = eager->backend().report(), rg = graphs->backend().report();
+  EXPECT_EQ(re.graphs_captured, 0);
+  EXPECT_EQ(re.graph_replays, 0);
+  EXPECT_EQ(rg.graphs_captured, 2);  // widths 1 and 3
+  EXPECT_EQ(rg.graph_replays, 2 * (steps - 1));
+}
+
 TEST(CudaEngine, SmolLM2MatchesCpu) {
   if (test::emulated_backend())
     GTEST_SKIP() << "too large for the emulated GPU (runs on a real one)";
@@ -272,7 +316,8 @@ namespace barata {
 namespace {
 
 // The kernels one decode step launches, by name, in the emulation: the nodes
-// its CUDA graph holds (graphs are off there, so every step launches them).
+// its CUDA graph holds (the step logged is a replay of the graph captured the
+// step before; a replay logs each node as it runs it).
 // The launches are dry (configured, checked and logged, not run): the count
 // does not depend on the values, which the other tests check; run, the
 // 16-wide case took over 10 minutes under ASan.

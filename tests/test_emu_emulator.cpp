@@ -2,11 +2,13 @@
 // shuffles, votes, shared memory, and that a broken barrier is reported.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <vector>
 
 #include "common.cuh"
+#include "emu/host_runtime.h"
 
 namespace {
 
@@ -159,6 +161,63 @@ TEST(EmuEmulator, TemplateKernelInParentheses) {
   std::vector<int> out(4);
   BARATA_LAUNCH((template_kernel<int, 40>), 1, 4, 0, nullptr, out.data());
   EXPECT_EQ(out, (std::vector<int>{40, 41, 42, 43}));
+}
+
+// Stream capture records; a graph replays what was recorded, with the
+// arguments of the capture, reading memory as it is at the replay.
+TEST(EmuEmulator, StreamCaptureRecordsAndAGraphReplays) {
+  std::vector<int> out(64, -1);
+  int host = 0, dev = 7;
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  BARATA_LAUNCH(index_kernel, 2, 32, 0, s, out.data());
+  ASSERT_EQ(cudaMemcpyAsync(&host, &dev, sizeof host, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  EXPECT_EQ(out[0], -1) << "a captured launch ran at capture";
+  EXPECT_EQ(host, 0) << "a captured copy ran at capture";
+  cudaGraph_t g = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+  cudaGraphDestroy(g);
+  for (int value : {7, 9}) {
+    std::fill(out.begin(), out.end(), -1);
+    dev = value;
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    EXPECT_EQ(out[33], 1001);
+    EXPECT_EQ(host, value);
+  }
+  cudaGraphExecDestroy(exec);
+}
+
+// What a capturing stream refuses on a GPU is refused here, and the capture
+// is then invalidated; a bad launch configuration is an error at capture.
+TEST(EmuEmulator, CaptureRefusesSynchronizeCopiesAndAllocations) {
+  cudaStream_t s = nullptr;
+  std::vector<int> out(64, -1);
+  int a = 1, b = 2;
+  void* p = nullptr;
+  for (int what = 0; what < 3; ++what) {
+    SCOPED_TRACE(what);
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    BARATA_LAUNCH(index_kernel, 2, 32, 0, s, out.data());
+    const cudaError_t e = what == 0   ? cudaStreamSynchronize(s)
+                          : what == 1 ? cudaMemcpy(&a, &b, sizeof a, cudaMemcpyDeviceToHost)
+                                      : cudaMalloc(&p, 256);
+    EXPECT_EQ(e, cudaErrorStreamCaptureUnsupported);
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    EXPECT_EQ(g, nullptr);
+    EXPECT_EQ(out[0], -1);
+    EXPECT_EQ(a, 1);
+  }
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);  // no capture open any more
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaErrorIllegalState);
+  BARATA_LAUNCH(index_kernel, 1, 2048, 0, s, out.data());
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  cudaGraph_t g = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+  cudaGraphDestroy(g);
 }
 
 TEST(EmuEmulator, BadConfigurationIsALaunchError) {

@@ -56,6 +56,8 @@ struct DeviceReport {
   int64_t weight_bytes = 0;           // what prepare() holds for the weights
   int64_t kv_pool_bytes = 0;          // the pool allocated for the KV cache
   int64_t peak_bytes = 0;             // device memory in use at its peak (0: not measured)
+  int64_t graphs_captured = 0;        // CUDA: decode steps captured as graphs (one per width)
+  int64_t graph_replays = 0;          // CUDA: steps run by replaying one
   std::vector<std::string> notes;     // e.g. weight types that took a slower path
   std::vector<KernelChoice> kernels;  // by (type, width); empty where there is one path
 };
@@ -88,9 +90,9 @@ class Backend {
   // activation buffers sized for it.
   virtual void begin(const Batch& batch) = 0;
 
-  // Runs the program on the batch of the last begin(): each op in order,
-  // through the op calls below, with before_op(i) first; on_layer_end gets
-  // each layer's index after its last op (may be empty).
+  // Runs the program on the batch of the last begin(): step_begin, each op
+  // in order through the op calls below (op_ pointing at it), step_end;
+  // on_layer_end gets each layer's index after its last op (may be empty).
   void run_step(const StepProgram& program, const Batch& batch, const ModelConfig& c,
                 float* host_logits, const std::function<void(int64_t)>& on_layer_end);
   virtual float* act(Act a) = 0;
@@ -148,9 +150,21 @@ class Backend {
   virtual std::unique_ptr<BandwidthProbe> bandwidth_probe(int64_t bytes) = 0;
 
  protected:
-  // Before op i of the program run_step runs (-1 after the last).
-  virtual void before_op(int64_t i) {}
+  // Around the ops of run_step. step_begin returns true when the backend has
+  // run the whole step itself (the CUDA backend replaying the graph it
+  // captured of this step), so that no op is called; `capturable`: no host
+  // code runs between the ops (there is no on_layer_end). step_end follows
+  // the last op (or the replay); the logits then reach the host buffer given
+  // to the logits op. A step that throws skips step_end.
+  virtual bool step_begin(bool capturable) { return false; }
+  virtual void step_end(float* host_logits) {}
+
   const StepProgram* program_ = nullptr;
+  // The op of run_step's program being run and its index (null and -1
+  // outside run_step: the op tests call ops one by one, and a backend then
+  // reuses and fuses nothing).
+  const StepOp* op_ = nullptr;
+  int64_t op_index_ = -1;
 };
 
 // RoPE tables of positions [p0, p1), row p - p0 holding rope_dims / 2 values:

@@ -50,6 +50,11 @@ struct StepOp {
   // output y before anything writes y again (rms_norm and GLU outputs feed
   // two or three matmuls: a backend quantizes their input once).
   std::vector<int64_t> readers;
+  // Filled by analyse() for the matmuls: the index of the op that last wrote
+  // x before this one (-1: none in the step). Matmuls with the same x_from
+  // read the same values, so a backend converts them (to 8 bits, say) once
+  // and keys the conversion by this index, not by the buffer.
+  int32_t x_from = -1;
 };
 
 struct StepProgram {

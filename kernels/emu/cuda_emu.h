@@ -3,7 +3,7 @@
 // GPU exists (docs/cuda-emulation.md). Selected by BARATA_CUDA_EMU; needs no
 // CUDA toolkit.
 //
-// Each block of a launch runs its threads as fibers (ucontext) on the calling
+// Each block of a launch runs its threads as fibers on the calling
 // OS thread, one at a time, switching only at barriers: __syncthreads is a
 // block barrier, every warp intrinsic a barrier of the lanes its mask names,
 // with an exchange buffer. A barrier that cannot complete (a thread exited or
@@ -28,7 +28,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <memory>  // before __noinline__ is defined: libstdc++ uses the name
+#include <functional>  // (these before __noinline__ is defined: libstdc++ uses the name)
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -114,7 +115,11 @@ enum barata_emu_error_t : int {
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorNoDevice = 100,
+  cudaErrorIllegalState = 401,
   cudaErrorLaunchFailure = 719,
+  cudaErrorNotSupported = 801,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
 };
 using cudaError_t = barata_emu_error_t;
 struct barata_emu_stream_st;
@@ -148,7 +153,23 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream);  // launches are synchro
 cudaError_t cudaDeviceSynchronize();
 namespace barata_emu::detail {
 cudaError_t set_max_dynamic_smem(const void* kernel, int bytes);
-}
+
+// Stream capture (CUDA graphs, thread-local mode). While a capture is open on
+// this OS thread, launches, asynchronous copies and sets and the emulated
+// cuBLAS GEMM are recorded as nodes instead of run, with their arguments as
+// they were at capture (as a graph holds them); a replay runs the nodes in
+// order. What a capturing stream refuses on a GPU (a synchronize, a
+// synchronous copy or set, an allocation) is refused here the same way
+// (cudaErrorStreamCaptureUnsupported) and invalidates the capture, whose end
+// then fails with cudaErrorStreamCaptureInvalidated.
+using GraphNode = std::function<void()>;
+bool capturing();
+void record(GraphNode node);
+cudaError_t capture_begin();
+cudaError_t capture_end(std::vector<GraphNode>* nodes);
+// What a capturing stream refuses: invalidates the capture and returns the error.
+cudaError_t refuse_in_capture(const char* what);
+}  // namespace barata_emu::detail
 // Only the dynamic shared memory limit (above 48 KiB needs it, as on a GPU).
 template <typename... P>
 cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr, int value) {
@@ -438,6 +459,9 @@ unsigned active_mask();
 unsigned lane_id();
 
 using Invoke = void (*)(void* ctx);
+// Whether the configuration is one a GPU launches; if not, sets the sticky
+// error (cudaGetLastError) as a refused launch does.
+bool launch_config_ok(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes);
 void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes,
               Invoke invoke, void* ctx);
 
@@ -469,15 +493,20 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
     void (*k)(P...);
     Args args;
   };
+  constexpr detail::Invoke invoke = [](void* p) {
+    Ctx* c = static_cast<Ctx*>(p);
+    Args copy = c->args;
+    std::apply(c->k, std::move(copy));
+  };
+  const void* kp = reinterpret_cast<const void*>(kernel);
+  if (detail::capturing()) {  // a graph node: checked now, run at each replay
+    if (!detail::launch_config_ok(kp, grid, block, smem_bytes)) return;
+    auto ctx = std::make_shared<Ctx>(Ctx{kernel, Args(std::forward<A>(args)...)});
+    detail::record([=] { detail::run_grid(name, kp, grid, block, smem_bytes, invoke, ctx.get()); });
+    return;
+  }
   Ctx ctx{kernel, Args(std::forward<A>(args)...)};
-  detail::run_grid(
-      name, reinterpret_cast<const void*>(kernel), grid, block, smem_bytes,
-      [](void* p) {
-        Ctx* c = static_cast<Ctx*>(p);
-        Args copy = c->args;
-        std::apply(c->k, std::move(copy));
-      },
-      &ctx);
+  detail::run_grid(name, kp, grid, block, smem_bytes, invoke, &ctx);
 }
 
 }  // namespace barata_emu

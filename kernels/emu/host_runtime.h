@@ -7,8 +7,9 @@
 //  - device properties: a fictitious device ("barata emulated GPU"), with
 //    zero peaks, so that no number derived from it could pass for measured;
 //  - streams and events: every call is synchronous (launches already are);
-//  - CUDA graphs: unsupported (cudaErrorNotSupported); the backend runs
-//    with graphs off under the emulation;
+//  - CUDA graphs: stream capture records the launches, asynchronous copies
+//    and sets and cuBLAS calls (cuda_emu.h, "Stream capture"); an
+//    instantiated graph replays them in order;
 //  - cublasGemmEx: the (op T, op N), fp16 x fp16 -> fp32 GEMM with fp32
 //    accumulation the backend uses, as a plain loop; any other form is
 //    CUBLAS_STATUS_NOT_SUPPORTED.
@@ -23,8 +24,6 @@
 #include "emu/cuda_emu.h"
 
 // ---- runtime -----------------------------------------------------------------
-inline constexpr cudaError_t cudaErrorNotSupported = static_cast<cudaError_t>(801);
-
 struct cudaDeviceProp {
   char name[256];
   int major, minor, multiProcessorCount, memoryBusWidth;
@@ -93,27 +92,45 @@ inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b)
   return cudaSuccess;
 }
 
-struct barata_emu_graph_st;
+struct barata_emu_graph_st {
+  std::vector<barata_emu::detail::GraphNode> nodes;
+};
 using cudaGraph_t = barata_emu_graph_st*;
 using cudaGraphExec_t = barata_emu_graph_st*;
 enum cudaStreamCaptureMode : int { cudaStreamCaptureModeThreadLocal = 1 };
 inline cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
-  return cudaErrorNotSupported;
+  return barata_emu::detail::capture_begin();
 }
 inline cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* g) {
-  *g = nullptr;
-  return cudaErrorNotSupported;
+  auto* graph = new barata_emu_graph_st{};
+  const cudaError_t err = barata_emu::detail::capture_end(&graph->nodes);
+  if (err != cudaSuccess) {
+    delete graph;
+    graph = nullptr;
+  }
+  *g = graph;
+  return err;
 }
-inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t*, cudaGraph_t, unsigned long long) {
-  return cudaErrorNotSupported;
-}
-inline cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) {
-  return cudaErrorNotSupported;
-}
-inline cudaError_t cudaGraphDestroy(cudaGraph_t) {
+inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t g, unsigned long long) {
+  if (!g) return cudaErrorInvalidValue;
+  *exec = new barata_emu_graph_st{g->nodes};
   return cudaSuccess;
 }
-inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) {
+// Runs the nodes in order (launches log and run as when eager; a replay while
+// capturing is refused: barata never nests graphs).
+inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
+  if (!exec) return cudaErrorInvalidValue;
+  if (barata_emu::detail::capturing())
+    return barata_emu::detail::refuse_in_capture("cudaGraphLaunch");
+  for (const auto& node : exec->nodes) node();
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  delete g;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t g) {
+  delete g;
   return cudaSuccess;
 }
 
@@ -160,21 +177,28 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasO
       ct != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   if (m < 0 || n < 0 || k < 0 || lda < k || ldb < k || ldc < m) return CUBLAS_STATUS_INVALID_VALUE;
-  barata_emu::detail::log_launch("cublasGemmEx");
-  if (barata_emu::detail::dry_launches()) return CUBLAS_STATUS_SUCCESS;
-  const auto* a = static_cast<const unsigned short*>(A);
-  const auto* b = static_cast<const unsigned short*>(B);
-  auto* c = static_cast<float*>(C);
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  for (int j = 0; j < n; ++j)
-    for (int i = 0; i < m; ++i) {
-      float s = 0.0f;
-      for (int l = 0; l < k; ++l)
-        s += barata_emu::detail::half_bits_to_float(a[l + static_cast<int64_t>(i) * lda]) *
-             barata_emu::detail::half_bits_to_float(b[l + static_cast<int64_t>(j) * ldb]);
-      float& out = c[i + static_cast<int64_t>(j) * ldc];
-      out = be == 0.0f ? al * s : al * s + be * out;
-    }
+  auto gemm = [=] {
+    barata_emu::detail::log_launch("cublasGemmEx");
+    if (barata_emu::detail::dry_launches()) return;
+    const auto* a = static_cast<const unsigned short*>(A);
+    const auto* b = static_cast<const unsigned short*>(B);
+    auto* c = static_cast<float*>(C);
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < m; ++i) {
+        float s = 0.0f;
+        for (int l = 0; l < k; ++l)
+          s += barata_emu::detail::half_bits_to_float(a[l + static_cast<int64_t>(i) * lda]) *
+               barata_emu::detail::half_bits_to_float(b[l + static_cast<int64_t>(j) * ldb]);
+        float& out = c[i + static_cast<int64_t>(j) * ldc];
+        out = be == 0.0f ? al * s : al * s + be * out;
+      }
+  };
+  // Host-pointer scalars are read when the call is made (captured: into the node).
+  if (barata_emu::detail::capturing())
+    barata_emu::detail::record(gemm);
+  else
+    gemm();
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -121,7 +121,7 @@ class CpuBackend final : public Backend {
     batch_ = &batch;
     ensure_scratch(batch.size());
     ensure_rope(batch.max_pos + 1);
-    acts_f32_.source = acts_q8_.source = nullptr;
+    acts_f32_.from = acts_q8_.from = -1;
   }
 
   float* act(Act a) override { return bufs_[static_cast<size_t>(a)].data(); }
@@ -140,7 +140,6 @@ class CpuBackend final : public Backend {
       if (const float s = model_->config().embed_scale; s != 1.0f)
         for (int64_t j = 0; j < e.k; ++j) x[t * d + j] *= s;
     }
-    wrote(x);
   }
 
   void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t d) override {
@@ -148,13 +147,11 @@ class CpuBackend final : public Backend {
     rows(batch_->size(), d, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) rms_norm_row(x + t * d, w.data(), y + t * d, d, eps);
     });
-    wrote(y);
   }
 
   void matmul(const WeightDesc& desc, const float* x, float* y) override {
     const WeightView& w = views_[static_cast<size_t>(desc.id)];
     barata::matmul(*pool_, w, acts_for(w, x), y, w.n_rows);
-    wrote(y);
   }
 
   void head_norm(float* x, const std::vector<float>& w, int64_t n_heads) override {
@@ -163,7 +160,6 @@ class CpuBackend final : public Backend {
     rows(batch_->size() * n_heads, hd, [&](int64_t h0, int64_t h1) {
       for (int64_t h = h0; h < h1; ++h) rms_norm_row(x + h * hd, w.data(), x + h * hd, hd, eps);
     });
-    wrote(x);
   }
 
   void add_bias(float* y, const std::vector<float>& b) override {
@@ -172,7 +168,6 @@ class CpuBackend final : public Backend {
       for (int64_t t = t0; t < t1; ++t)
         for (int64_t i = 0; i < n; ++i) y[t * n + i] += b[i];
     });
-    wrote(y);
   }
 
   void rope_kv(int64_t layer, float* q, float* k, const float* v) override;
@@ -185,21 +180,18 @@ class CpuBackend final : public Backend {
         gate[i] = g / (1.0f + std::exp(-g)) * up[i];
       }
     });
-    wrote(gate);
   }
 
   void geglu(float* gate, const float* up, int64_t n) override {
     elements(n, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) gate[i] = gelu_tanh(gate[i]) * up[i];
     });
-    wrote(gate);
   }
 
   void add(float* x, const float* y, int64_t n) override {
     elements(n, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) x[i] += y[i];
     });
-    wrote(x);
   }
 
   void logits(const float* x, float* host_logits) override {
@@ -210,17 +202,15 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n_out; ++i)
       rms_norm_row(x + batch_->logit_rows[i] * d, model_->output_norm().data(), xn + i * d, d,
                    c.norm_eps);
-    wrote(xn);
     const WeightView& out = views_[static_cast<size_t>(model_->output().id)];
     PreparedActs& a = out.kernel->act == ActFormat::kQ8 ? acts_q8_ : acts_f32_;
     prepare_acts(*pool_, out.kernel->act, xn, n_out, d, a);  // reuses a's buffer
-    a.source = xn;
+    a.from = -1;
     barata::matmul(*pool_, out, a, host_logits, out.n_rows);
   }
 
   void to_device(float* dst, const float* host, int64_t n) override {
     std::memcpy(dst, host, static_cast<size_t>(n) * sizeof(float));
-    wrote(dst);
   }
   void to_host(float* host, const float* src, int64_t n) override {
     std::memcpy(host, src, static_cast<size_t>(n) * sizeof(float));
@@ -252,19 +242,20 @@ class CpuBackend final : public Backend {
 
  private:
   // Converts the activations once per format that the next weights want:
-  // q, k and v (gate and up) share one conversion. Any op that writes a
-  // buffer drops the conversion made from it.
+  // q, k and v (gate and up) share one conversion, keyed by the op of the
+  // step that wrote their input (StepOp::x_from); outside a step (the op
+  // tests) every matmul converts afresh.
   const PreparedActs& acts_for(const WeightView& w, const float* x) {
     PreparedActs& a = w.kernel->act == ActFormat::kQ8 ? acts_q8_ : acts_f32_;
-    const int64_t T = batch_->size();
-    if (a.data == nullptr || a.n_tokens != T || a.k != w.k || a.source != x)
-      prepare_acts(*pool_, w.kernel->act, x, T, w.k, a);
-    a.source = x;
+    const int64_t from = op_ ? op_->x_from : -1;
+    if (from < 0 || a.from != from || a.data == nullptr)
+      prepare_acts(*pool_, w.kernel->act, x, batch_->size(), w.k, a);
+    a.from = from;
     return a;
   }
-  void wrote(const float* p) {
-    if (acts_f32_.source == p) acts_f32_.source = nullptr;
-    if (acts_q8_.source == p) acts_q8_.source = nullptr;
+  bool step_begin(bool) override {
+    acts_f32_.from = acts_q8_.from = -1;
+    return false;
   }
 
   void ensure_scratch(int64_t n);
@@ -316,7 +307,7 @@ void CpuBackend::ensure_scratch(int64_t n) {
   set(Act::kUp, c.d_ff);
   set(Act::kOut, c.d_model);
   scratch_rows_ = n;
-  acts_f32_.source = acts_q8_.source = nullptr;  // buffers may have moved
+  acts_f32_.from = acts_q8_.from = -1;  // buffers may have moved
 }
 
 // RoPE angles: theta_i = pos * base^(-2i / rope_dims), in double then rounded.
@@ -388,8 +379,6 @@ void CpuBackend::rope_kv(int64_t layer, float* q, float* k, const float* v) {
   } else {
     run(std::false_type{});
   }
-  wrote(q);
-  wrote(k);
 }
 
 void CpuBackend::attention(int64_t layer, const float* q_all, float* att) {
@@ -440,7 +429,6 @@ void CpuBackend::attention(int64_t layer, const float* q_all, float* att) {
       }
     }
   });
-  wrote(att);
 }
 
 }  // namespace

@@ -134,7 +134,7 @@ struct PreparedActs {
   size_t stride = 0;  // bytes per token row
   std::vector<uint8_t> bytes;
   const uint8_t* data = nullptr;  // bytes.data() or the fp32 input itself
-  const float* source = nullptr;  // the fp32 input these were made from (reuse key)
+  int64_t from = -1;              // the backend's reuse key (the step's op that wrote the input)
 };
 
 void prepare_acts(ThreadPool& pool, ActFormat format, const float* x, int64_t n_tokens, int64_t k,

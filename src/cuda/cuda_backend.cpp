@@ -12,7 +12,7 @@
 
 #ifdef BARATA_CUDA_EMU
 // Under the host emulation (tests/emu_backend/): the same host code, every
-// kernel emulated, cuBLAS a plain loop, no graphs.
+// kernel emulated, cuBLAS a plain loop, graphs recorded and replayed.
 #include "emu/host_runtime.h"
 #else
 #include <cublas_v2.h>
@@ -238,11 +238,7 @@ class CudaBackend final : public Backend {
     // A fixed workspace: cuBLAS then allocates nothing inside a captured graph.
     cublas_ws_ = arena_.alloc(kCublasWorkspace, "the cuBLAS workspace");
     BARATA_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace), "workspace");
-#ifdef BARATA_CUDA_EMU
-    graphs_on_ = false;  // the emulation has no graphs
-#else
     graphs_on_ = env_on("BARATA_CUDA_GRAPHS", true);
-#endif
     sync_each_op_ = env_on("BARATA_CUDA_SYNC", false);
     if (opts.cuda_skinny_max > kQmmMaxTokens)
       fail("CUDA: a skinny-kernel width of {} (0..{})", opts.cuda_skinny_max, kQmmMaxTokens);
@@ -258,18 +254,13 @@ class CudaBackend final : public Backend {
     if (pinned_) cudaFreeHost(pinned_);
   }
 
-  DeviceKind kind() const override {
-    return DeviceKind::kCuda;
-  }
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
 
   void prepare(const Model& model, const KvLayout& kv, int64_t n_blocks, int64_t n_ctx) override;
   void begin(const Batch& batch) override;
-  float* act(Act a) override {
-    return acts_[static_cast<size_t>(a)].as<float>();
-  }
+  float* act(Act a) override { return acts_[static_cast<size_t>(a)].as<float>(); }
 
   void embed(float* x) override {
-    if (wrote_acts()) return;
     const DevWeight& e = weights_[static_cast<size_t>(model_->token_embd().id)];
     launch_embed(e.type, e.data, e.row_bytes, e.scale * model_->config().embed_scale, e.k,
                  d_tokens(), rows_, x, stream_);
@@ -279,54 +270,46 @@ class CudaBackend final : public Backend {
   // A norm whose output a matmul reads on 8-bit activations writes that
   // copy too, in the same launch (so does swiglu, for the down projection).
   void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t d) override {
-    if (wrote_acts()) return;
     const Q8Out q8 = q8_read(op_readers(OpKind::kRmsNorm), rows_, d) ? q8_out() : Q8Out{};
     launch_rmsnorm(x, vec(w), y, rows_, d, model_->config().norm_eps, nullptr, stream_, q8);
     after("rms_norm");
-    if (q8.xq) q8_holds(y, rows_, d);
+    if (q8.xq) q8_from_ = op_index_;
   }
 
   void matmul(const WeightDesc& w, const float* x, float* y) override {
-    if (replay_) return;
-    run_matmul(weights_[static_cast<size_t>(w.id)], x, rows_, y, {});
+    run_matmul(weights_[static_cast<size_t>(w.id)], x, rows_, y, {}, x_from());
   }
   // The bias and the residual add in the matmul's output (the kernels'
   // Epilogue; through cuBLAS: its beta, and add_bias after).
   void matmul_bias(const WeightDesc& w, const float* x, float* y,
                    const std::vector<float>& b) override {
-    if (replay_) return;
     run_matmul(weights_[static_cast<size_t>(w.id)], x, rows_, y,
-               {.bias = b.empty() ? nullptr : vec(b)});
+               {.bias = b.empty() ? nullptr : vec(b)}, x_from());
   }
   void matmul_add(const WeightDesc& w, const float* x, float* acc, float*, int64_t n) override {
-    if (replay_) return;
     if (n != rows_ * w.n_rows)
       fail("internal: CUDA matmul_add of {} values for {} rows x {}", n, rows_, w.n_rows);
-    run_matmul(weights_[static_cast<size_t>(w.id)], x, rows_, acc, {.accumulate = true});
+    run_matmul(weights_[static_cast<size_t>(w.id)], x, rows_, acc, {.accumulate = true}, x_from());
   }
 
   void head_norm(float* x, const std::vector<float>& w, int64_t n_heads) override {
-    if (wrote_acts()) return;
     launch_rmsnorm(x, vec(w), x, rows_ * n_heads, static_cast<int64_t>(w.size()),
                    model_->config().norm_eps, nullptr, stream_, Q8Out{});
     after("head_norm");
   }
 
   void add_bias(float* y, const std::vector<float>& b) override {
-    if (wrote_acts()) return;
     launch_add_bias(y, vec(b), rows_, static_cast<int64_t>(b.size()), stream_);
     after("add_bias");
   }
 
   void rope_kv(int64_t layer, float* q, float* k, const float* v) override {
-    if (wrote_acts()) return;
     launch_rope_kv(q, k, v, d_rows(), rows_, model_->config().is_swa(layer) ? rope_swa_ : rope_,
                    kv_view(layer), stream_);
     after("rope_kv");
   }
 
   void attention(int64_t layer, const float* q, float* out) override {
-    if (wrote_acts()) return;
     const AttnArgs& attn = model_->config().is_swa(layer) ? attn_swa_ : attn_;
     if (decode_shape_) {
       launch_attention_decode(q, out, d_rows(), rows_, attn, kv_view(layer), split_,
@@ -339,20 +322,15 @@ class CudaBackend final : public Backend {
     }
   }
 
-  void swiglu(float* gate, const float* up, int64_t n) override {
-    glu(gate, up, n, false);
-  }
-  void geglu(float* gate, const float* up, int64_t n) override {
-    glu(gate, up, n, true);
-  }
+  void swiglu(float* gate, const float* up, int64_t n) override { glu(gate, up, n, false); }
+  void geglu(float* gate, const float* up, int64_t n) override { glu(gate, up, n, true); }
 
   void glu(float* gate, const float* up, int64_t n, bool gelu) {
-    if (wrote_acts()) return;
     const int64_t k = model_->config().d_ff;
     if (n == rows_ * k && q8_read(op_readers(gelu ? OpKind::kGeGlu : OpKind::kSwiGlu), rows_, k)) {
       launch_swiglu_q8(gate, up, n, q8_out(), stream_, gelu);
       after("swiglu");
-      q8_holds(gate, rows_, k);
+      q8_from_ = op_index_;
       return;
     }
     launch_swiglu(gate, up, n, stream_, gelu);
@@ -360,7 +338,6 @@ class CudaBackend final : public Backend {
   }
 
   void add(float* x, const float* y, int64_t n) override {
-    if (wrote_acts()) return;
     launch_add(x, y, n, stream_);
     after("add");
   }
@@ -368,20 +345,16 @@ class CudaBackend final : public Backend {
   void logits(const float* x, float* host_logits) override;
 
   void to_device(float* dst, const float* host, int64_t n) override {
-    run_capture_now();
-    q8_of_ = nullptr;
     BARATA_CUDA_CHECK(
         cudaMemcpyAsync(dst, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
     BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void to_host(float* host, const float* src, int64_t n) override {
-    run_capture_now();
     BARATA_CUDA_CHECK(
         cudaMemcpyAsync(host, src, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
     BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void kv_to_host(int64_t layer, int kv, int32_t slot, uint16_t* host) override {
-    run_capture_now();
     const uint16_t* p = pool_ + (slot / kKvBlockTokens) * layout_.block_elems() +
                         layout_.offset(layer, kv, slot % kKvBlockTokens);
     BARATA_CUDA_CHECK(cudaMemcpyAsync(host, p, static_cast<size_t>(layout_.kv_dim) * 2,
@@ -397,9 +370,7 @@ class CudaBackend final : public Backend {
                                         cudaMemcpyDeviceToDevice, stream_));
   }
 
-  void synchronize() override {
-    BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  }
+  void synchronize() override { BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
   DeviceReport report() const override {
     DeviceReport r;
@@ -416,6 +387,8 @@ class CudaBackend final : public Backend {
     r.weight_bytes = weight_bytes_;
     r.kv_pool_bytes = layout_.bytes_per_block() * n_blocks_;
     r.peak_bytes = arena_.peak();
+    r.graphs_captured = graphs_captured_;
+    r.graph_replays = graph_replays_;
     r.notes = notes_;
     if (!graphs_on_) r.notes.push_back("CUDA graphs off (BARATA_CUDA_GRAPHS=0)");
     if (!q8_act_) r.notes.push_back("skinny matmuls on fp32 activations (BARATA_CUDA_Q8_ACT=0)");
@@ -433,21 +406,15 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kDequantTileBytes = 64 << 20;  // fp16 weight tile for cuBLAS
 
   // Metadata layout in the one staging upload per batch.
-  const int32_t* d_tokens() const {
-    return meta_.as<int32_t>() + off_tokens_;
-  }
+  const int32_t* d_tokens() const { return meta_.as<int32_t>() + off_tokens_; }
   const BatchRowMeta* d_rows() const {
     return reinterpret_cast<const BatchRowMeta*>(meta_.as<int32_t>() + off_rows_);
   }
   const PrefillTile* d_tiles() const {
     return reinterpret_cast<const PrefillTile*>(meta_.as<int32_t>() + off_tiles_);
   }
-  const int32_t* d_logit_rows() const {
-    return meta_.as<int32_t>() + off_logit_rows_;
-  }
-  const int32_t* d_tables() const {
-    return meta_.as<int32_t>() + off_tables_;
-  }
+  const int32_t* d_logit_rows() const { return meta_.as<int32_t>() + off_logit_rows_; }
+  const int32_t* d_tables() const { return meta_.as<int32_t>() + off_tables_; }
 
   KvDeviceView kv_view(int64_t layer) const {
     KvDeviceView v;
@@ -466,12 +433,6 @@ class CudaBackend final : public Backend {
     return it->second;
   }
 
-  // Every op but matmul may write an activation: the 8-bit copy of one is
-  // then stale. Returns whether the op is to be skipped (a graph replays it).
-  bool wrote_acts() {
-    q8_of_ = nullptr;
-    return replay_;
-  }
   // Whether a matmul of `ids` on n rows of k takes qmm_q8 (run_matmul's rule).
   bool q8_read(const std::vector<int64_t>& ids, int64_t n, int64_t k) const {
     if (!q8_act_ || k % 32 != 0 || n > kQmmMaxTokens) return false;
@@ -487,11 +448,9 @@ class CudaBackend final : public Backend {
     auto* xq = act_q8_.as<signed char>();
     return {xq, reinterpret_cast<float*>(xq + q8_scales_at_)};
   }
-  void q8_holds(const float* x, int64_t n, int64_t k) {
-    q8_of_ = x;
-    q8_n_ = n;
-    q8_k_ = k;
-  }
+  // The op that wrote the current matmul's input in this step (the
+  // program's analysis; -1 outside run_step, where nothing is reused).
+  int64_t x_from() const { return op_ ? op_->x_from : -1; }
 
   // Ends the capture in progress and instantiates what it recorded.
   cudaGraphExec_t end_capture() {
@@ -504,22 +463,6 @@ class CudaBackend final : public Backend {
     BARATA_CUDA_CHECK(err);
     return exec;
   }
-  // A host transfer in the middle of a step that is being captured (the op
-  // tests drive a decode-shaped batch one op at a time and read back between
-  // ops; a stream that is capturing refuses the synchronize): the capture
-  // ends there, what it recorded runs once, uncached, and the rest of the
-  // step runs eagerly. A forward's own steps never transfer mid-step, so
-  // their graphs are captured whole.
-  void run_capture_now() {
-    if (!capturing_) return;
-    cudaGraphExec_t exec = end_capture();
-    const cudaError_t launched = cudaGraphLaunch(exec, stream_);
-    const cudaError_t done = cudaStreamSynchronize(stream_);
-    cudaGraphExecDestroy(exec);
-    BARATA_CUDA_CHECK(launched);
-    BARATA_CUDA_CHECK(done);
-  }
-
   void after(const char* op) {
     if (!sync_each_op_ || capturing_) return;
     const cudaError_t err = cudaStreamSynchronize(stream_);
@@ -528,7 +471,23 @@ class CudaBackend final : public Backend {
            cudaGetErrorName(err));
   }
 
-  void run_matmul(const DevWeight& w, const float* x, int64_t n, float* y, const Epilogue& ep);
+  // x_from: the step's op that wrote x (-1: unknown, x is quantized afresh).
+  void run_matmul(const DevWeight& w, const float* x, int64_t n, float* y, const Epilogue& ep,
+                  int64_t x_from);
+  // Graph capture as a pass over the step: a decode-shaped step (every row its
+  // own sequence, each wanting logits, at most kQmmMaxTokens rows) with no
+  // host work between its ops is captured whole the first time its width is
+  // seen and replayed after; its metadata is uploaded at begin(), at
+  // addresses the graph holds.
+  bool step_begin(bool capturable) override;
+  void step_end(float* host_logits) override;
+  // The logits of the batch's rows to the host, then a synchronize that
+  // reports a failed step.
+  void copy_logits(float* host_logits);
+  void set_program(const StepProgram* program) override {
+    if (program != program_) drop_graphs();  // captured from another step
+    Backend::set_program(program);
+  }
   // Rows of a weight dequantized per cuBLAS call: the tile's budget, at most
   // 65535 rows (one grid dimension of the dequantizer).
   static int64_t dequant_tile_rows(const DevWeight& w) {
@@ -576,20 +535,11 @@ class CudaBackend final : public Backend {
   // (at q8_scales_at_) one fp32 scale per 32.
   Grow act_q8_;
   int64_t q8_scales_at_ = 0;
-  // What act_q8_ holds: the activations at q8_of_ (n q8_n_, k q8_k_), kept
-  // for the next matmul on the same input (q, k, v; gate, up) until an op
-  // writes any activation.
-  const float* q8_of_ = nullptr;
-  int64_t q8_n_ = 0, q8_k_ = 0;
-  // Weight ids of the matmuls that read each norm's output (by the norm
-  // vector's host address), and each layer's down projection; the layer of
-  // the op running (from rope_kv).
-  // The op of the program run_step is at (null outside run_step: the op
-  // tests call ops one by one, and nothing is fused for them).
-  const StepOp* op_ = nullptr;
-  void before_op(int64_t i) override {
-    op_ = program_ && i >= 0 ? &program_->ops[static_cast<size_t>(i)] : nullptr;
-  }
+  // What act_q8_ holds: the 8-bit copy of the output of op q8_from_ of the
+  // step (its x_from, step.h), which every later matmul reading that output
+  // reuses (q, k, v; gate, up); -1: none. Keyed by the program's op, not the
+  // buffer, so that what a captured graph reuses is fixed by the program.
+  int64_t q8_from_ = -1;
   // The weights whose matmuls read the current op's output, when it is an
   // op of that kind (the program's analysis, step.cpp).
   const std::vector<int64_t>& op_readers(OpKind kind) const {
@@ -603,7 +553,9 @@ class CudaBackend final : public Backend {
 
   // CUDA graphs of the decode step, by batch width.
   std::unordered_map<int64_t, cudaGraphExec_t> graphs_;
-  bool replay_ = false, capturing_ = false;
+  bool capturing_ = false;
+  bool in_step_ = false;  // between step_begin and step_end
+  int64_t graphs_captured_ = 0, graph_replays_ = 0;
   int64_t group_stride_ = 0;  // device words between two layer groups' block tables
 };
 
@@ -812,7 +764,8 @@ void CudaBackend::begin(const Batch& b) {
   }
   batch_ = &b;
   rows_ = b.size();
-  q8_of_ = nullptr;
+  q8_from_ = -1;
+  in_step_ = false;
   ensure_rows(rows_);
 
   // Decode shape: every row its own sequence (one query row per sequence).
@@ -872,26 +825,51 @@ void CudaBackend::begin(const Batch& b) {
                        static_cast<size_t>((n_groups - 1) * group_stride_ + stride)) *
                       4;
   BARATA_CUDA_CHECK(cudaMemcpyAsync(meta_.p, pinned_, used, cudaMemcpyHostToDevice, stream_));
+}
 
-  // A decode step of a width seen before replays its graph; the first one of
-  // a width is captured while it runs.
-  replay_ = capturing_ = false;
-  const bool graphable = graphs_on_ && decode_shape_ && rows_ <= kQmmMaxTokens &&
-                         static_cast<int64_t>(b.logit_rows.size()) == rows_;
-  if (graphable) {
-    if (graphs_.count(rows_)) {
-      replay_ = true;
-    } else {
-      BARATA_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      capturing_ = true;
-    }
+bool CudaBackend::step_begin(bool capturable) {
+  q8_from_ = -1;
+  in_step_ = true;
+  const bool graphable = graphs_on_ && capturable && decode_shape_ && rows_ <= kQmmMaxTokens &&
+                         static_cast<int64_t>(batch_->logit_rows.size()) == rows_;
+  if (!graphable) return false;
+  if (auto it = graphs_.find(rows_); it != graphs_.end()) {
+    BARATA_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    ++graph_replays_;
+    return true;
   }
+  BARATA_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  capturing_ = true;
+  return false;
+}
+
+void CudaBackend::step_end(float* host_logits) {
+  if (capturing_) {
+    cudaGraphExec_t exec = end_capture();
+    graphs_[rows_] = exec;
+    ++graphs_captured_;
+    BARATA_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+  }
+  in_step_ = false;
+  copy_logits(host_logits);
+}
+
+void CudaBackend::copy_logits(float* host_logits) {
+  const int64_t n_out = static_cast<int64_t>(batch_->logit_rows.size());
+  BARATA_CUDA_CHECK(cudaMemcpyAsync(host_logits, logits_.p,
+                                    static_cast<size_t>(n_out * model_->config().n_vocab * 4),
+                                    cudaMemcpyDeviceToHost, stream_));
+  const cudaError_t err = cudaStreamSynchronize(stream_);
+  if (err != cudaSuccess)
+    fail(
+        "CUDA: the forward of a batch of {} rows failed: {} ({}); BARATA_CUDA_SYNC=1 names the "
+        "op",
+        rows_, cudaGetErrorString(err), cudaGetErrorName(err));
 }
 
 void CudaBackend::run_matmul(const DevWeight& w, const float* x, int64_t n, float* y,
-                             const Epilogue& ep) {
+                             const Epilogue& ep, int64_t x_from) {
   const int64_t ldy = w.n_rows;
-  if (y == q8_of_) q8_of_ = nullptr;  // (y never is x: the seam's matmul is out of place)
   const MatmulPath path = choose_matmul(w.type, n, qmm_max_);
   auto log_kernel = [&](auto make) {
     auto key = std::make_pair(w.type, n);
@@ -907,10 +885,10 @@ void CudaBackend::run_matmul(const DevWeight& w, const float* x, int64_t n, floa
     log_kernel([&] { return qmm_q8_variant(w.type, n); });
     auto* xq = act_q8_.as<unsigned char>();
     auto* xd = reinterpret_cast<float*>(xq + q8_scales_at_);
-    if (q8_of_ != x || q8_n_ != n || q8_k_ != w.k) {
+    if (x_from < 0 || q8_from_ != x_from) {
       launch_quantize_q8(x, n, w.k, xq, xd, stream_);
       after("quantize q8");
-      q8_holds(x, n, w.k);
+      q8_from_ = x_from;
     }
     launch_qmm_q8(w.type, w.data, w.row_bytes, w.k, w.n_rows, w.scale, xq, xd, n, y, ldy, stream_,
                   ep);
@@ -971,31 +949,19 @@ void CudaBackend::logits(const float* x, float* host_logits) {
   const int64_t n_out = static_cast<int64_t>(batch_->logit_rows.size());
   float* xn = act(Act::kXn);
   if (!capturing_ && logits_.ensure(arena_, n_out * c.n_vocab * 4, "logits")) drop_graphs();
-  if (!replay_) {
-    q8_of_ = nullptr;
-    const Q8Out q8 = q8_read(op_readers(OpKind::kLogits), n_out, c.d_model) ? q8_out() : Q8Out{};
-    launch_rmsnorm(x, vec(model_->output_norm()), xn, n_out, c.d_model, c.norm_eps, d_logit_rows(),
-                   stream_, q8);
-    after("output rms_norm");
-    if (q8.xq) q8_holds(xn, n_out, c.d_model);
-    run_matmul(weights_[static_cast<size_t>(model_->output().id)], xn, n_out, logits_.as<float>(),
-               {});
-  }
-  if (capturing_) {
-    graphs_[rows_] = end_capture();
-    replay_ = true;
-  }
-  if (replay_) BARATA_CUDA_CHECK(cudaGraphLaunch(graphs_[rows_], stream_));
-  BARATA_CUDA_CHECK(cudaMemcpyAsync(host_logits, logits_.p,
-                                    static_cast<size_t>(n_out * c.n_vocab * 4),
-                                    cudaMemcpyDeviceToHost, stream_));
-  const cudaError_t err = cudaStreamSynchronize(stream_);
-  if (err != cudaSuccess)
-    fail(
-        "CUDA: the forward of a batch of {} rows failed: {} ({}); BARATA_CUDA_SYNC=1 names the "
-        "op",
-        rows_, cudaGetErrorString(err), cudaGetErrorName(err));
-  replay_ = false;
+  // The final norm writes the 8-bit copy the output matmul reads (in a step
+  // only: op_readers is empty outside one).
+  const int64_t self = op_index_;
+  const Q8Out q8 = q8_read(op_readers(OpKind::kLogits), n_out, c.d_model) ? q8_out() : Q8Out{};
+  launch_rmsnorm(x, vec(model_->output_norm()), xn, n_out, c.d_model, c.norm_eps, d_logit_rows(),
+                 stream_, q8);
+  after("output rms_norm");
+  q8_from_ = q8.xq ? self : -1;
+  run_matmul(weights_[static_cast<size_t>(model_->output().id)], xn, n_out, logits_.as<float>(), {},
+             q8.xq ? self : -1);
+  // In a step the copy to the host is step_end's (after a captured graph
+  // has run); an op called on its own copies now.
+  if (!in_step_) copy_logits(host_logits);
 }
 
 }  // namespace
