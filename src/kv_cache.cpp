@@ -234,16 +234,64 @@ bool KvBlockManager::must_copy(const Sequence& s, int group, int64_t n) const {
 
 int64_t KvBlockManager::blocks_needed(const Sequence& s, int64_t n) const {
   const int64_t want = (s.n_tokens + n + kBlockTokens - 1) / kBlockTokens;
-  int64_t need = 0;
-  for (size_t g = 0; g < s.tables.size(); ++g)
+  int64_t need = 0, freed = 0;
+  for (size_t g = 0; g < s.tables.size(); ++g) {
     need += std::max<int64_t>(want - static_cast<int64_t>(s.tables[g].size()), 0) +
             (must_copy(s, static_cast<int>(g), n) ? 1 : 0);
-  return need;
+    // The blocks this append's slide returns to the pool first (held by this
+    // sequence alone), as append() releases before it allocates.
+    if (n > 0 && windows_[g] > 0) {
+      const auto& t = s.tables[g];
+      const int64_t from = (s.n_tokens + 1 - windows_[g] - keep_back_) / kBlockTokens;
+      for (int64_t i = s.released_to; i < std::min<int64_t>(from, static_cast<int64_t>(t.size()));
+           ++i)
+        if (t[static_cast<size_t>(i)] != kNoBlock && refcount(t[static_cast<size_t>(i)]) == 1)
+          ++freed;
+    }
+  }
+  // Never below zero: what one sequence frees is credited to its own append
+  // only, so that a sum over the sequences of a step is safe in any order.
+  return std::max<int64_t>(need - freed, 0);
 }
 
 int64_t KvBlockManager::blocks_needed(int seq, int64_t n) const {
   if (n < 0) fail("KV cache: append of {} tokens to sequence {}", n, seq);
   return blocks_needed(live(seq), n);
+}
+
+int64_t KvBlockManager::peak_blocks(int64_t n, int64_t chunk) const {
+  if (n <= 0) return 0;
+  const int64_t blocks = (n + kBlockTokens - 1) / kBlockTokens;
+  int64_t total = 0;
+  for (int64_t w : windows_) {
+    if (w == 0) {
+      total += blocks;
+      continue;
+    }
+    // An append of c <= chunk rows at length L keeps the blocks from
+    // (L + 1 - w - keep_back) / 16 to (L + c - 1) / 16: a span of
+    // D = c + w + keep_back - 1 positions, which touches at most
+    // (D + 30) / 16 blocks. A bound that never falls as n grows (so that
+    // max_sequence_tokens can search it), at most one block above the most
+    // held at once.
+    const int64_t span = std::max<int64_t>(chunk, 1) + w + keep_back_ - 1;
+    total += std::min(blocks, (span + 2 * (kBlockTokens - 1)) / kBlockTokens);
+  }
+  return total;
+}
+
+int64_t KvBlockManager::max_sequence_tokens(int64_t chunk) const {
+  if (!has_sliding_groups()) return max_tokens();
+  // peak_blocks grows with n; the answer lies in [max_tokens, max_blocks x 16].
+  int64_t lo = max_tokens(), hi = max_blocks_ * kBlockTokens;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (peak_blocks(mid, chunk) <= max_blocks_)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
 }
 
 // Releases the sliding groups' blocks that hold only positions before

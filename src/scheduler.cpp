@@ -106,9 +106,11 @@ int Scheduler::submit(Request r) {
         s, fmt::format("the prompt has {} tokens but the context holds {}", s.n_prompt, n_ctx));
     return id;
   }
-  if (kv.blocks_for_tokens(s.n_prompt + 1) > kv.max_blocks()) {
+  // A sliding-window model's sequence holds only its windows' blocks in its
+  // sliding groups, chunk by chunk: it may run past max_tokens().
+  if (kv.peak_blocks(s.n_prompt + 1, opts_.max_batch_tokens) > kv.max_blocks()) {
     fail_request(s, fmt::format("the prompt has {} tokens but the whole KV pool holds {}",
-                                s.n_prompt, kv.max_tokens()));
+                                s.n_prompt, kv.max_sequence_tokens(opts_.max_batch_tokens)));
     return id;
   }
   if (s.req.max_tokens < 0) {
@@ -431,7 +433,15 @@ StepInfo Scheduler::step() {
       stats_.prefix_hit_blocks += hit / kKvBlockTokens;
     }
     const int64_t left = static_cast<int64_t>(s.tokens.size()) - hit;
-    if (planned + kv.blocks_needed(s.kv, left) > kv.free_blocks()) {
+    // The whole remaining prompt must fit; with sliding groups it holds only
+    // its windows' blocks at a time, chunk by chunk (peak_blocks).
+    int64_t whole = kv.blocks_needed(s.kv, left);
+    if (kv.has_sliding_groups())
+      whole =
+          std::min(whole, std::max<int64_t>(0, kv.peak_blocks(static_cast<int64_t>(s.tokens.size()),
+                                                              opts_.max_batch_tokens) -
+                                                   kv.blocks_held(s.kv)));
+    if (planned + whole > kv.free_blocks()) {
       if (s.kv != s.req.kv_seq) kv.free_sequence(s.kv);
       s.kv = -1;
       break;

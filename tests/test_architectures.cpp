@@ -19,6 +19,7 @@
 #include "barata/engine.h"
 #include "barata/error.h"
 #include "barata/gguf.h"
+#include "barata/scheduler.h"
 #include "barata/bench.h"
 #include "test_util.h"
 
@@ -256,6 +257,51 @@ TEST(ArchKvGroups, Gemma3FreesItsWindowsBlocksAndKeepsItsLogits) {
 // than the 64 positions kept back, and C = 40 after 300): where the sliding
 // layers released what that needs, it refills from the start rather than
 // failing.
+// A prompt longer than the pool's max_tokens() (every group keeping every
+// block) is admitted when its sliding groups' release makes it fit, chunk by
+// chunk, and gives the tokens a pool large enough for all of it gives.
+TEST(ArchKvGroups, APromptPastMaxTokensRunsInASmallPool) {
+  const Model model = Model::load(arch_model("tiny-gemma3"));
+  Engine small(model, {.n_threads = 2, .n_ctx = 512, .cache_tokens = 256});
+  Engine big(model, {.n_threads = 2, .n_ctx = 512});
+  const KvBlockManager& kv = small.blocks();
+  ASSERT_EQ(kv.max_tokens(), 256);
+  EXPECT_GE(kv.max_sequence_tokens(32), 512);
+  Request r;
+  r.prompt.push_back(2);
+  for (int i = 1; i < 400; ++i) r.prompt.push_back((i * 37 + 11) % 500 + 3);
+  r.max_tokens = 8;
+  r.ignore_eos = true;
+  std::vector<std::vector<int32_t>> out;
+  for (Engine* e : {&small, &big}) {
+    SchedulerOptions o;
+    o.slots = 1;
+    o.max_batch_tokens = 32;
+    o.prefix_cache = false;
+    EngineSteps steps(*e);
+    Scheduler s(steps, o);
+    s.submit(r);
+    s.run();
+    const Sequence& q = s.sequence(0);
+    ASSERT_EQ(q.status, SeqStatus::kFinished) << q.error;
+    out.emplace_back(q.output().begin(), q.output().end());
+  }
+  EXPECT_EQ(out[0].size(), 8u);
+  EXPECT_EQ(out[0], out[1]);
+  // Past what even the release makes room for: one clear refusal.
+  Engine tiny(model, {.n_threads = 2, .n_ctx = 512, .cache_tokens = 128});
+  SchedulerOptions o;
+  o.max_batch_tokens = 32;
+  EngineSteps steps(tiny);
+  Scheduler s(steps, o);
+  s.submit(r);
+  s.run();
+  EXPECT_EQ(s.sequence(0).status, SeqStatus::kFailed);
+  EXPECT_NE(s.sequence(0).error.find("the prompt has 400 tokens but the whole KV pool holds"),
+            std::string::npos)
+      << s.sequence(0).error;
+}
+
 TEST(ArchKvGroups, BenchGoesBackPastTheReleasedBlocks) {
   const Model model = Model::load(arch_model("tiny-gemma3"));
   Engine e(model, {.n_threads = 2, .n_ctx = 512});

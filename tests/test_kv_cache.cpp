@@ -329,6 +329,46 @@ TEST(KvGroups, ASlidingGroupReleasesTheBlocksBehindItsWindow) {
   EXPECT_EQ(m.blocks_in_use(), 0);
 }
 
+// One sequence may run past max_tokens() when its sliding groups give their
+// blocks back as it goes: peak_blocks bounds what it holds, appended chunk by
+// chunk, and max_sequence_tokens is the longest that fits the pool alone.
+TEST(KvGroups, ALongSequenceFitsWhereItsWindowsBlocksGoBack) {
+  KvBlockManager full(20);
+  EXPECT_EQ(full.peak_blocks(100, 16), full.blocks_for_tokens(100));
+  EXPECT_EQ(full.max_sequence_tokens(16), full.max_tokens());
+
+  KvBlockManager m(20, {0, 32}, 64);
+  ASSERT_EQ(m.max_tokens(), 160);  // 10 blocks per group
+  // A chunk of 16 at most: the sliding group spans 16 + 32 + 64 - 1 = 111
+  // positions, 8 blocks at most; the full group one block per 16.
+  EXPECT_EQ(m.peak_blocks(16, 16), 2);
+  EXPECT_EQ(m.peak_blocks(192, 16), 12 + 8);
+  EXPECT_EQ(m.peak_blocks(193, 16), 13 + 8);
+  EXPECT_EQ(m.max_sequence_tokens(16), 192);
+  // Bigger chunks keep more of the window's blocks.
+  EXPECT_LT(m.max_sequence_tokens(64), 192);
+  for (int64_t n = 1; n < 400; ++n) EXPECT_LE(m.peak_blocks(n, 16), m.peak_blocks(n + 1, 16));
+
+  // And so it goes: 192 tokens in chunks of 16, never above the bound, each
+  // append's need counting the blocks its slide gives back first.
+  const int s = m.new_sequence();
+  std::vector<KvBlockManager::Copy> copies;
+  for (int64_t n = 16; n <= 192; n += 16) {
+    ASSERT_TRUE(m.can_append(s, 16)) << "at " << n - 16 << ": needs " << m.blocks_needed(s, 16)
+                                     << ", " << m.free_blocks() << " free";
+    m.append(s, 16, &copies);
+    EXPECT_LE(m.blocks_held(s), m.peak_blocks(n, 16)) << n;
+  }
+  EXPECT_EQ(m.length(s), 192);
+  EXPECT_EQ(m.free_blocks(), 20 - m.blocks_held(s));
+  // The bound may be one block high per sliding group: the real sequence
+  // goes on a little (here to 208), never past what the full group holds.
+  while (m.can_append(s, 16)) m.append(s, 16, &copies);
+  EXPECT_GE(m.length(s), m.max_sequence_tokens(16));
+  EXPECT_LE(m.length(s), 19 * 16);
+  EXPECT_EQ(m.free_blocks(), 20 - m.blocks_held(s));
+}
+
 TEST(KvGroups, PrefixCachingStaysOffWithSlidingGroups) {
   KvBlockManager m(10, {0, 32});
   m.set_prefix_caching(true);

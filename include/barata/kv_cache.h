@@ -177,6 +177,17 @@ class KvBlockManager {
   int64_t blocks_for_tokens(int64_t n) const {
     return n_groups() * ((n + kBlockTokens - 1) / kBlockTokens);
   }
+  // The most blocks one sequence holds on its way to n tokens when it is
+  // appended at most `chunk` tokens at a time (chunked prefill, then decode):
+  // every block of a full group, and of a sliding group those from the first
+  // new row's window (less keep_back) of the last append on. Equals
+  // blocks_for_tokens without sliding groups.
+  int64_t peak_blocks(int64_t n, int64_t chunk) const;
+  // The longest sequence the pool holds alone, appended in chunks of at most
+  // `chunk` tokens (the most n with peak_blocks(n, chunk) <= max_blocks()):
+  // max_tokens() without sliding groups; with them, what their release of
+  // the blocks behind their windows adds.
+  int64_t max_sequence_tokens(int64_t chunk) const;
 
  private:
   struct Sequence {

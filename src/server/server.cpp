@@ -974,7 +974,9 @@ void Server::serve(Engine& engine, const Tokenizer& tok) {
   m.engine = &engine;
   m.tok = &tok;
   m.n_ctx = engine.n_ctx();
-  m.pool_tokens = engine.blocks().max_tokens();
+  // The longest prompt one request may bring: with sliding-window layers,
+  // past max_tokens() (their groups keep only their windows' blocks).
+  m.pool_tokens = engine.blocks().max_sequence_tokens(m.o.max_batch_tokens);
   m.engine_loop();
   // Every request is done; let the streams write their last events.
   for (int i = 0; i < 500 && m.open_streams > 0; ++i)
