@@ -361,7 +361,7 @@ uint64_t block_hash(uint64_t parent, std::span<const int32_t> tokens) {
 
 void KvBlockManager::set_prefix_caching(bool on) {
   if (!on) clear_prefix_cache();
-  prefix_on_ = on && can_prefix_cache();
+  prefix_on_ = on;
 }
 
 void KvBlockManager::clear_prefix_cache() {
@@ -374,34 +374,99 @@ void KvBlockManager::clear_prefix_cache() {
   for (Sequence& s : seqs_) s.hashes.clear();
 }
 
+namespace {
+// A block of one group published under (the chain hash, the group): the
+// full groups' and the sliding groups' blocks of one run of tokens are found
+// apart (a sliding group's early blocks are gone sooner).
+uint64_t group_key(uint64_t chain, int64_t group) {
+  return group == 0 ? chain : mix64(chain ^ (0x67726f7570ULL + static_cast<uint64_t>(group)));
+}
+}  // namespace
+
+int64_t KvBlockManager::first_kept(int64_t group, int64_t n_tokens) const {
+  const int64_t w = windows_[static_cast<size_t>(group)];
+  if (w == 0) return 0;
+  return std::max<int64_t>(0, n_tokens + 1 - w - keep_back_) / kBlockTokens;
+}
+
+int32_t KvBlockManager::cached_block(uint64_t chain, uint64_t parent, int64_t group,
+                                     std::span<const int32_t> blk) const {
+  auto it = by_hash_.find(group_key(chain, group));
+  if (it == by_hash_.end()) return kNoBlock;
+  const Cached& c = cached_[static_cast<size_t>(it->second)];
+  if (c.parent != parent || !std::equal(blk.begin(), blk.end(), c.tokens.begin())) return kNoBlock;
+  return it->second;
+}
+
 int64_t KvBlockManager::attach_prefix(int seq, std::span<const int32_t> tokens) {
   Sequence& s = live(seq);
   if (!prefix_on_) return 0;
   if (s.n_tokens != 0) fail("internal: KV cache: prefix attach to a non-empty sequence {}", seq);
   ++prefix_stats_.lookups;
+  // The chain over the blocks whose every full group's block is cached
+  // (at least one token stays to compute).
+  std::vector<uint64_t> chain, parents;
   uint64_t parent = 0;
   const size_t n = tokens.size();
-  for (size_t i = 0; (i + 1) * kBlockTokens < n; ++i) {  // at least one token stays
+  for (size_t i = 0; (i + 1) * kBlockTokens < n; ++i) {
     const auto blk = tokens.subspan(i * kBlockTokens, kBlockTokens);
     const uint64_t h = block_hash(parent, blk);
-    auto it = by_hash_.find(h);
-    if (it == by_hash_.end()) break;
-    const int32_t b = it->second;
-    Cached& c = cached_[static_cast<size_t>(b)];
-    if (c.parent != parent || !std::equal(blk.begin(), blk.end(), c.tokens.begin())) break;
-    if (refcount_[static_cast<size_t>(b)] == 0) {
-      lru_.erase(c.lru_tick);
-      c.lru_tick = -1;
-      ++n_in_use_;
-    }
-    ++refcount_[static_cast<size_t>(b)];
-    s.tables[0].push_back(b);
-    s.hashes.push_back(h);
-    s.n_tokens += kBlockTokens;
-    ++prefix_stats_.hit_blocks;
+    bool all = true;
+    for (size_t g = 0; g < windows_.size() && all; ++g)
+      if (windows_[g] == 0) all = cached_block(h, parent, static_cast<int64_t>(g), blk) != kNoBlock;
+    if (!all) break;
+    chain.push_back(h);
+    parents.push_back(parent);
     parent = h;
   }
-  return s.n_tokens;
+  // The longest run of k blocks for which each sliding group still has the
+  // blocks a sequence of k x 16 tokens keeps (its window and keep_back).
+  auto sliding_ok = [&](size_t k) {
+    for (size_t g = 0; g < windows_.size(); ++g) {
+      if (windows_[g] == 0) continue;
+      for (auto i = static_cast<size_t>(
+               first_kept(static_cast<int64_t>(g), static_cast<int64_t>(k) * kBlockTokens));
+           i < k; ++i)
+        if (cached_block(chain[i], parents[i], static_cast<int64_t>(g),
+                         tokens.subspan(i * kBlockTokens, kBlockTokens)) == kNoBlock)
+          return false;
+    }
+    return true;
+  };
+  size_t k = chain.size();
+  while (k > 0 && !sliding_ok(k)) --k;
+  if (k == 0) return 0;
+  const int64_t len = static_cast<int64_t>(k) * kBlockTokens;
+  for (size_t g = 0; g < windows_.size(); ++g) {
+    const auto from = static_cast<size_t>(first_kept(static_cast<int64_t>(g), len));
+    auto& t = s.tables[g];
+    for (size_t i = 0; i < k; ++i) {
+      if (i < from) {
+        t.push_back(kNoBlock);
+        continue;
+      }
+      const int32_t b = cached_block(chain[i], parents[i], static_cast<int64_t>(g),
+                                     tokens.subspan(i * kBlockTokens, kBlockTokens));
+      Cached& c = cached_[static_cast<size_t>(b)];
+      if (refcount_[static_cast<size_t>(b)] == 0) {
+        lru_.erase(c.lru_tick);
+        c.lru_tick = -1;
+        ++n_in_use_;
+      }
+      ++refcount_[static_cast<size_t>(b)];
+      t.push_back(b);
+    }
+  }
+  s.hashes.assign(chain.begin(), chain.begin() + static_cast<std::ptrdiff_t>(k));
+  s.n_tokens = len;
+  if (has_sliding_groups()) {
+    int64_t r = 0;
+    for (size_t g = 0; g < windows_.size(); ++g)
+      if (windows_[g] > 0) r = std::max(r, first_kept(static_cast<int64_t>(g), len));
+    s.released_to = r;
+  }
+  prefix_stats_.hit_blocks += static_cast<int64_t>(k);
+  return len;
 }
 
 void KvBlockManager::publish(int seq, std::span<const int32_t> tokens) {
@@ -414,15 +479,19 @@ void KvBlockManager::publish(int seq, std::span<const int32_t> tokens) {
     const uint64_t parent = i == 0 ? 0 : s.hashes[i - 1];
     const auto blk = tokens.subspan(i * kBlockTokens, kBlockTokens);
     const uint64_t h = block_hash(parent, blk);
-    const int32_t b = s.tables[0][i];
-    Cached& c = cached_[static_cast<size_t>(b)];
-    if (!c.published && by_hash_.find(h) == by_hash_.end()) {
-      c.published = true;
-      c.hash = h;
-      c.parent = parent;
-      std::copy(blk.begin(), blk.end(), c.tokens.begin());
-      by_hash_.emplace(h, b);
-      ++prefix_stats_.published;
+    for (size_t g = 0; g < s.tables.size(); ++g) {
+      const int32_t b = s.tables[g][i];
+      if (b == kNoBlock) continue;  // a sliding group's, already gone
+      const uint64_t key = group_key(h, static_cast<int64_t>(g));
+      Cached& c = cached_[static_cast<size_t>(b)];
+      if (!c.published && by_hash_.find(key) == by_hash_.end()) {
+        c.published = true;
+        c.hash = key;
+        c.parent = parent;
+        std::copy(blk.begin(), blk.end(), c.tokens.begin());
+        by_hash_.emplace(key, b);
+        ++prefix_stats_.published;
+      }
     }
     s.hashes.push_back(h);
   }

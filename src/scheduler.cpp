@@ -61,10 +61,6 @@ Scheduler::Scheduler(StepEngine& engine, SchedulerOptions opts)
     };
   }
   engine_.blocks().set_prefix_caching(opts_.prefix_cache);
-  if (opts_.prefix_cache && !engine_.blocks().prefix_caching())
-    spdlog::warn(
-        "prefix caching is off: this model's sliding-window layers give their KV blocks behind "
-        "the window back to the pool (--swa-full keeps them, and allows prefix caching)");
   logits_.resize(static_cast<size_t>(engine_.n_vocab()));
 }
 

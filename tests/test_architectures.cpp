@@ -302,6 +302,48 @@ TEST(ArchKvGroups, APromptPastMaxTokensRunsInASmallPool) {
       << s.sequence(0).error;
 }
 
+// Prefix caching on tiny Gemma 3 (window 32): requests sharing a prefix of
+// 160 tokens, five windows long, run one after another on one engine, take
+// the cached blocks (the global layer's all, the local layers' of the
+// window) and give the tokens each gives alone, without the cache.
+TEST(ArchKvGroups, PrefixCachingAcrossTheWindowGivesTheSameTokens) {
+  const Model model = Model::load(arch_model("tiny-gemma3"));
+  std::vector<Request> rs;
+  for (int k = 0; k < 3; ++k) {
+    Request r;
+    r.prompt.push_back(2);
+    for (int i = 1; i < 160; ++i) r.prompt.push_back((i * 37 + 11) % 500 + 3);
+    for (int i = 0; i < 5 + 7 * k; ++i) r.prompt.push_back((i * 13 + k * 101) % 500 + 3);
+    r.max_tokens = 6;
+    r.ignore_eos = true;
+    rs.push_back(r);
+  }
+  std::vector<std::vector<std::vector<int32_t>>> outs;
+  for (bool cache : {false, true}) {
+    Engine e(model, {.n_threads = 2, .n_ctx = 512});
+    EngineSteps steps(e);
+    SchedulerOptions o;
+    o.slots = 1;  // one after another: the second finds the first's blocks
+    o.max_batch_tokens = 48;
+    o.prefix_cache = cache;
+    Scheduler s(steps, o);
+    for (const Request& r : rs) s.submit(r);
+    s.run();
+    std::vector<std::vector<int32_t>> out;
+    for (int i = 0; i < 3; ++i) {
+      const Sequence& q = s.sequence(i);
+      EXPECT_EQ(q.status, SeqStatus::kFinished) << q.error;
+      out.emplace_back(q.output().begin(), q.output().end());
+    }
+    outs.push_back(out);
+    // The first request computes all; each later one takes the 10 shared
+    // blocks (160 tokens) from the cache.
+    EXPECT_EQ(s.stats().prefix_hit_tokens, cache ? 2 * 160 : 0);
+    EXPECT_TRUE(e.blocks().prefix_caching() == cache);
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+}
+
 TEST(ArchKvGroups, BenchGoesBackPastTheReleasedBlocks) {
   const Model model = Model::load(arch_model("tiny-gemma3"));
   Engine e(model, {.n_threads = 2, .n_ctx = 512});

@@ -369,13 +369,70 @@ TEST(KvGroups, ALongSequenceFitsWhereItsWindowsBlocksGoBack) {
   EXPECT_EQ(m.free_blocks(), 20 - m.blocks_held(s));
 }
 
-TEST(KvGroups, PrefixCachingStaysOffWithSlidingGroups) {
-  KvBlockManager m(10, {0, 32});
+// Prefix caching with a sliding group: the full group's blocks of the whole
+// run are taken, and of the sliding group only those a sequence of that
+// length keeps; a sliding block evicted from the cache shortens the hit to a
+// run whose window is still whole.
+TEST(KvGroups, PrefixCachingTakesTheFullBlocksAndTheWindowsBlocks) {
+  KvBlockManager m(64, {0, 32}, 16);
   m.set_prefix_caching(true);
-  EXPECT_FALSE(m.prefix_caching());
-  KvBlockManager one(10);
-  one.set_prefix_caching(true);
-  EXPECT_TRUE(one.prefix_caching());
+  ASSERT_TRUE(m.prefix_caching());
+  std::vector<int32_t> tok(260);
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<int32_t>(i * 7 % 101);
+  std::vector<KvBlockManager::Copy> copies;
+  const int a = m.new_sequence();
+  for (int i = 0; i < 13; ++i) {  // 208 tokens, published as they are written
+    m.append(a, 16, &copies);
+    m.publish(a, tok);
+  }
+  // The last append's first row, 193, sees from 162; 16 kept back: 146,
+  // block 9. Blocks 0..8 of the sliding group went back, cached.
+  EXPECT_EQ(released(m.table(a, 1)), 9);
+  const std::vector<int32_t> full_a = m.table(a, 0), slid_a = m.table(a, 1);
+  m.free_sequence(a);
+
+  const int b = m.new_sequence();
+  const std::span<const int32_t> prompt(tok.data(), 200);
+  // 200 tokens: 12 whole blocks leave one token to compute.
+  EXPECT_EQ(m.attach_prefix(b, prompt), 192);
+  EXPECT_EQ(m.length(b), 192);
+  const auto& fb = m.table(b, 0);
+  const auto& sb = m.table(b, 1);
+  ASSERT_EQ(fb.size(), 12u);
+  ASSERT_EQ(sb.size(), 12u);
+  for (size_t i = 0; i < 12; ++i) EXPECT_EQ(fb[i], full_a[i]) << i;
+  // A sequence of 192 keeps the sliding blocks from (193 - 32 - 16) / 16 = 9.
+  for (size_t i = 0; i < 9; ++i) EXPECT_EQ(sb[i], KvBlockManager::kNoBlock) << i;
+  for (size_t i = 9; i < 12; ++i) EXPECT_EQ(sb[i], slid_a[i]) << i;
+  EXPECT_EQ(m.blocks_held(b), 12 + 3);
+  // Truncation within keep_back works as for any sequence of this length.
+  EXPECT_TRUE(m.can_truncate(b, 180));
+  EXPECT_FALSE(m.can_truncate(b, 100));
+  // Appending copies nothing (the run ends on a block boundary).
+  m.append(b, 8, &copies);
+  EXPECT_TRUE(copies.empty());
+  m.free_sequence(b);
+
+  // Published only at the end: the sliding blocks 0..8 were gone by then and
+  // never cached. A prompt of 200 still finds its window (blocks 9..11); one
+  // of 150 (a run of 9 blocks would keep sliding blocks 6..8) finds no run
+  // whose window is whole, though the full group has all 9 blocks.
+  KvBlockManager late(64, {0, 32}, 16);
+  late.set_prefix_caching(true);
+  const int e = late.new_sequence();
+  for (int i = 0; i < 13; ++i) late.append(e, 16, &copies);
+  late.publish(e, tok);
+  late.free_sequence(e);
+  const int f = late.new_sequence();
+  EXPECT_EQ(late.attach_prefix(f, prompt), 192);
+  late.free_sequence(f);
+  const int g = late.new_sequence();
+  EXPECT_EQ(late.attach_prefix(g, std::span<const int32_t>(tok.data(), 150)), 0);
+  EXPECT_EQ(late.length(g), 0);
+  EXPECT_TRUE(late.table(g, 0).empty());
+  late.free_sequence(g);
+  EXPECT_EQ(late.blocks_in_use(), 0);
+  EXPECT_EQ(m.blocks_in_use(), 0);
 }
 
 // Gemma 3 270M's 18 layers (every sixth global): groups of 3 layers, one of

@@ -139,20 +139,23 @@ class KvBlockManager {
   // Blocks a sequence holds now, every group counted.
   int64_t blocks_held(int seq) const;
 
-  // Prefix caching (off until enabled; only with one layer group that does
-  // not slide: otherwise set_prefix_caching(true) leaves it off, and the
-  // caller says so). A full block, once its K/V is
+  // Prefix caching (off until enabled). A full block, once its K/V is
   // written, is published under a hash chained over (the previous block's
-  // hash, its token ids), as vLLM's automatic prefix caching does. A
-  // published block is never written again (an append into it copies it
-  // first); when no sequence holds it any more it stays cached and is
-  // evicted, least recently used first, only when the pool needs a block.
+  // hash, its token ids), as vLLM's automatic prefix caching does; with
+  // several layer groups each group's block is published under that hash and
+  // its group. A published block is never written again (an append into it
+  // copies it first); when no sequence holds it any more (a sliding group's
+  // block behind its window, too) it stays cached and is evicted, least
+  // recently used first, only when the pool needs a block.
   void set_prefix_caching(bool on);
   bool prefix_caching() const { return prefix_on_; }
-  bool can_prefix_cache() const { return n_groups() == 1 && !has_sliding_groups(); }
   // On an empty sequence: takes by reference the longest run of cached full
   // blocks that begins `tokens`, leaving at least one token to compute;
-  // returns the number of tokens taken (a multiple of kBlockTokens).
+  // returns the number of tokens taken (a multiple of kBlockTokens). With
+  // sliding groups (vLLM's hybrid manager's rule): the full groups' blocks of
+  // the whole run, and of each sliding group only those a sequence of that
+  // length keeps (its window and keep_back before the run's end); the rest
+  // of its table is released entries.
   int64_t attach_prefix(int seq, std::span<const int32_t> tokens);
   // Publishes seq's full blocks not yet published; tokens holds at least its
   // first length(seq) ids.
@@ -208,6 +211,13 @@ class KvBlockManager {
     bool published = false;
   };
   bool must_copy(const Sequence& s, int group, int64_t n) const;
+  // The first block index of `group` a sequence of n_tokens keeps (0 for a
+  // full group): what slide() leaves at the next append.
+  int64_t first_kept(int64_t group, int64_t n_tokens) const;
+  // The published block of `group` for a run of tokens (chain hash, its
+  // parent's, the block's ids), or kNoBlock.
+  int32_t cached_block(uint64_t chain, uint64_t parent, int64_t group,
+                       std::span<const int32_t> blk) const;
   void unpublish(int32_t b);
   const Sequence& live(int seq) const;
   Sequence& live(int seq);

@@ -525,10 +525,7 @@ int run(const BatchArgs& a) {
   const std::string header = fmt::format(
       "barata batch: {} requests ({}), {} slots, at most {} rows per step, prefix cache {}, "
       "shared prefix {} tokens, {}",
-      requests.size(), source, a.slots, a.max_batch_tokens,
-      a.no_prefix_cache                      ? "off"
-      : s.engine.blocks().can_prefix_cache() ? "on"
-                                             : "off (sliding-window layers; --swa-full)",
+      requests.size(), source, a.slots, a.max_batch_tokens, a.no_prefix_cache ? "off" : "on",
       a.shared_prefix,
       a.arrival_interval_ms > 0 ? fmt::format("one arrival every {} ms", a.arrival_interval_ms)
                                 : std::string("arrivals as given (default: all at 0)"));
@@ -573,7 +570,7 @@ int run(const BatchArgs& a) {
               {"settings",
                {{"slots", a.slots},
                 {"max_batch_tokens", a.max_batch_tokens},
-                {"prefix_cache", !a.no_prefix_cache && s.engine.blocks().can_prefix_cache()},
+                {"prefix_cache", !a.no_prefix_cache},
                 {"shared_prefix_tokens", a.shared_prefix},
                 {"arrival_interval_ms", a.arrival_interval_ms}}},
               {"interrupted", interrupted},
