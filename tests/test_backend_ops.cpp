@@ -438,8 +438,6 @@ TEST_P(CudaMatmul, EveryWidthBothPaths) {
   cpu->prepare(model, layout, 16, 128);
   for (const auto& [skinny, q8] : {std::pair{64, 1}, std::pair{64, 0}, std::pair{0, 0}}) {
     if (skinny > 0 && !q8 && !q8_type) continue;  // the same as q8 on
-    // Under the sanitizers (slow): fp32-activation qmm is left to EmuQmm.
-    if (skinny > 0 && !q8 && test::sanitized()) continue;
     SCOPED_TRACE(std::string("skinny kernels up to width ") + std::to_string(skinny) +
                  (q8 ? ", 8-bit activations" : ""));
     std::unique_ptr<Backend> be;
@@ -508,10 +506,8 @@ TEST_P(CudaMatmul, EveryWidthBothPaths) {
         // The fused forms against the separate ops' arithmetic (one fp32
         // addition each, y + b and acc + y): the same bits from the skinny
         // kernels' epilogue and from add_bias after cuBLAS; cuBLAS's beta = 1
-        // for the residual add may round alpha * s + acc in one FMA. Under
-        // the sanitizers (slow) at one width.
-        const bool fused_checks = !test::sanitized() || width == 3;
-        if (fused_checks && &m.w == &L.wq) {
+        // for the residual add may round alpha * s + acc in one FMA.
+        if (&m.w == &L.wq) {
           be->to_device(be->act(m.in), x.data(), static_cast<int64_t>(x.size()));
           be->matmul_bias(m.w, be->act(m.in), be->act(m.out), L.bq);
           std::vector<float> yb(y.size()), want(y.size());
@@ -520,7 +516,6 @@ TEST_P(CudaMatmul, EveryWidthBothPaths) {
             want[i] = y[i] + L.bq[i % static_cast<size_t>(m.w.n_rows)];
           EXPECT_EQ(0, std::memcmp(yb.data(), want.data(), yb.size() * 4)) << "matmul_bias";
         }
-        if (!fused_checks) continue;
         std::vector<float> acc0(y.size()), ya(y.size()), want(y.size());
         for (float& v : acc0) v = nd(rng);
         for (size_t i = 0; i < y.size(); ++i) want[i] = acc0[i] + y[i];

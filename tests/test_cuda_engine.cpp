@@ -135,7 +135,7 @@ void run_model(const std::filesystem::path& path, double bound, int64_t min_equa
     for (int i = 1; i < prompt_len; ++i) prompt.push_back((i * 37 + 11) % 497 + 3);
   }
   // The emulation runs every CUDA thread as a fiber: fewer steps there.
-  const int steps = !test::emulated_backend() ? 24 : test::sanitized() ? 2 : 6;
+  const int steps = !test::emulated_backend() ? 24 : 6;
   for (int width : widths) {
     SCOPED_TRACE("batch width " + std::to_string(width));
     const Compared c = compare(cpu, *gpu, prompt, steps, width);
@@ -205,10 +205,6 @@ TEST(CudaEngine, Aidreams260KMatchesCpu) {
 // 36 ids (just past the window); the RoPE tables, head norms and fused row
 // ranges are host-side or existing kernels.
 TEST(CudaEngine, ArchitectureRowsMatchCpu) {
-  if (test::sanitized()) {
-    run_model(test::data_dir() / "models" / "arch" / "tiny-gemma3.gguf", 1e-2, 0, 36, 512, {1});
-    return;
-  }
   for (const char* name :
        {"tiny-qwen3", "tiny-llama3", "tiny-llama-yarn", "tiny-gemma3", "tiny-phi"}) {
     SCOPED_TRACE(name);
@@ -269,7 +265,7 @@ TEST(CudaEngine, DecodeGraphsReplayBitForBitWithTheEagerSteps) {
   unsetenv("BARATA_CUDA_GRAPHS");
   CUDA_ENGINE_OR_SKIP(graphs, model, 64);
   ASSERT_TRUE(eager) << why_eager;
-  const int steps = test::sanitized() ? 3 : 4;
+  const int steps = 4;
   for (int width : {1, 3}) {
     SCOPED_TRACE("width " + std::to_string(width));
     std::vector<int> se, sg;
