@@ -237,8 +237,7 @@ TEST_F(EmuGemv, AllTypesAndShapes) {
     std::vector<int64_t> ks = {32, 96, 896, 4864};
     if (dtype_traits(t).block_size == 1) ks.insert(ks.end(), {17, 100, 1});
     for (int64_t k : ks)
-      for (int64_t n_rows : {1, 7, 33, 130})
-        check(Case{t, k, n_rows});
+      for (int64_t n_rows : {1, 7, 33, 130}) check(Case{t, k, n_rows});
   }
 }
 
