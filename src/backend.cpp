@@ -181,8 +181,6 @@ void Backend::run_step(const StepProgram& program, const Batch& batch, const Mod
         break;
     }
   }
-  op_ = nullptr;
-  op_index_ = -1;
   step_end(host_logits);
 }
 

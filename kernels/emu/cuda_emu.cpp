@@ -754,7 +754,6 @@ const char* cudaGetErrorName(cudaError_t e) {
 }
 
 using barata_emu::detail::capturing;
-using barata_emu::detail::record;
 using barata_emu::detail::refuse_in_capture;
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
@@ -778,13 +777,9 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind,
                             cudaStream_t) {
-  if (capturing()) {
-    record([=] {
-      if (n) std::memmove(dst, src, n);
-    });
-    return cudaSuccess;
-  }
-  if (n) std::memmove(dst, src, n);
+  barata_emu::detail::run_or_record([=] {
+    if (n) std::memmove(dst, src, n);
+  });
   return cudaSuccess;
 }
 
@@ -795,13 +790,9 @@ cudaError_t cudaMemset(void* p, int value, size_t n) {
 }
 
 cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t) {
-  if (capturing()) {
-    record([=] {
-      if (n) std::memset(p, value, n);
-    });
-    return cudaSuccess;
-  }
-  if (n) std::memset(p, value, n);
+  barata_emu::detail::run_or_record([=] {
+    if (n) std::memset(p, value, n);
+  });
   return cudaSuccess;
 }
 

@@ -169,6 +169,13 @@ cudaError_t capture_begin();
 cudaError_t capture_end(std::vector<GraphNode>* nodes);
 // What a capturing stream refuses: invalidates the capture and returns the error.
 cudaError_t refuse_in_capture(const char* what);
+// Stream work: a node of the open capture, or run now.
+inline void run_or_record(GraphNode node) {
+  if (capturing())
+    record(std::move(node));
+  else
+    node();
+}
 }  // namespace barata_emu::detail
 // Only the dynamic shared memory limit (above 48 KiB needs it, as on a GPU).
 template <typename... P>

@@ -195,10 +195,7 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasO
       }
   };
   // Host-pointer scalars are read when the call is made (captured: into the node).
-  if (barata_emu::detail::capturing())
-    barata_emu::detail::record(gemm);
-  else
-    gemm();
+  barata_emu::detail::run_or_record(gemm);
   return CUBLAS_STATUS_SUCCESS;
 }
 

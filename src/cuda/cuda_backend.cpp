@@ -554,7 +554,6 @@ class CudaBackend final : public Backend {
   // CUDA graphs of the decode step, by batch width.
   std::unordered_map<int64_t, cudaGraphExec_t> graphs_;
   bool capturing_ = false;
-  bool in_step_ = false;  // between step_begin and step_end
   int64_t graphs_captured_ = 0, graph_replays_ = 0;
   int64_t group_stride_ = 0;  // device words between two layer groups' block tables
 };
@@ -765,7 +764,6 @@ void CudaBackend::begin(const Batch& b) {
   batch_ = &b;
   rows_ = b.size();
   q8_from_ = -1;
-  in_step_ = false;
   ensure_rows(rows_);
 
   // Decode shape: every row its own sequence (one query row per sequence).
@@ -829,7 +827,6 @@ void CudaBackend::begin(const Batch& b) {
 
 bool CudaBackend::step_begin(bool capturable) {
   q8_from_ = -1;
-  in_step_ = true;
   const bool graphable = graphs_on_ && capturable && decode_shape_ && rows_ <= kQmmMaxTokens &&
                          static_cast<int64_t>(batch_->logit_rows.size()) == rows_;
   if (!graphable) return false;
@@ -850,7 +847,6 @@ void CudaBackend::step_end(float* host_logits) {
     ++graphs_captured_;
     BARATA_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
   }
-  in_step_ = false;
   copy_logits(host_logits);
 }
 
@@ -961,7 +957,7 @@ void CudaBackend::logits(const float* x, float* host_logits) {
              q8.xq ? self : -1);
   // In a step the copy to the host is step_end's (after a captured graph
   // has run); an op called on its own copies now.
-  if (!in_step_) copy_logits(host_logits);
+  if (!op_) copy_logits(host_logits);
 }
 
 }  // namespace
