@@ -26,12 +26,6 @@ void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
 
-// GELU, tanh form (what Gemma's "gelu_pytorch_tanh" and ggml_gelu compute).
-inline float gelu_tanh(float x) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
-}
-
 class CpuBandwidthProbe final : public BandwidthProbe {
  public:
   CpuBandwidthProbe(ThreadPool& pool, int64_t bytes)
@@ -91,6 +85,7 @@ class CpuBackend final : public Backend {
   void prepare(const Model& model, const KvLayout& kv, int64_t n_blocks, int64_t n_ctx) override {
     model_ = &model;
     n_ctx_ = n_ctx;
+    vec_ = cpu_vector_ops(cpu_isa());
     views_.assign(static_cast<size_t>(model.n_matrices()), WeightView{});
     embed_row_ = dtype_traits(model.token_embd().type).dequantize_row;
     const CpuIsa isa = cpu_isa();
@@ -174,18 +169,11 @@ class CpuBackend final : public Backend {
   void attention(int64_t layer, const float* q, float* out) override;
 
   void swiglu(float* gate, const float* up, int64_t n) override {
-    elements(n, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        const float g = gate[i];
-        gate[i] = g / (1.0f + std::exp(-g)) * up[i];
-      }
-    });
+    elements(n, [&](int64_t i0, int64_t i1) { vec_.swiglu(gate + i0, up + i0, i1 - i0); });
   }
 
   void geglu(float* gate, const float* up, int64_t n) override {
-    elements(n, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) gate[i] = gelu_tanh(gate[i]) * up[i];
-    });
+    elements(n, [&](int64_t i0, int64_t i1) { vec_.geglu(gate + i0, up + i0, i1 - i0); });
   }
 
   void add(float* x, const float* y, int64_t n) override {
@@ -279,6 +267,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<ThreadPool> pool_;
   const Model* model_ = nullptr;
   int64_t n_ctx_ = 0;
+  CpuVectorOps vec_{};
   std::vector<WeightView> views_;  // by WeightDesc::id
   RepackArena arena_;              // the repacked copies of the matrices whose kernels want them
   std::unique_ptr<HostKvPool> pool_kv_;
@@ -289,6 +278,11 @@ class CpuBackend final : public Backend {
   std::vector<float> rope_cos_, rope_sin_;  // (positions made so far, rope_dims / 2)
   std::vector<float> swa_cos_, swa_sin_;    // the same for the sliding-window layers (if any)
   PreparedActs acts_f32_, acts_q8_;
+  struct AttnItem {
+    int64_t cost;
+    int32_t t0, t1, kvh, table;
+  };
+  std::vector<AttnItem> attn_items_;  // one attention call's work, kept between calls
 };
 
 void CpuBackend::ensure_scratch(int64_t n) {
@@ -381,54 +375,59 @@ void CpuBackend::rope_kv(int64_t layer, float* q, float* k, const float* v) {
   }
 }
 
+// Tiled attention (src/cpu/attention.cpp): a work item is a run of at most
+// kAttnMaxQueries / group consecutive tokens of one sequence and one KV head,
+// so that the item's queries share each cache block's conversion. Items go
+// to the pool longest first (a prefill's late tokens see the most keys).
 void CpuBackend::attention(int64_t layer, const float* q_all, float* att) {
   const ModelConfig& c = model_->config();
   const int64_t T = batch_->size();
-  const int64_t hd = c.head_dim, q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
-  const int64_t group = c.n_head / c.n_head_kv;
-  const float scale = c.attn_scale;
-  // A windowed layer's row at position p sees positions (p - n_swa, p].
-  const int64_t window = c.is_swa(layer) ? c.n_swa : 0;
-  constexpr int64_t B = kKvBlockTokens;
+  const int64_t hd = c.head_dim, group = c.n_head / c.n_head_kv;
   const KvLayout& L = pool_kv_->layout();
   const Batch& batch = *batch_;
-  const CpuVectorOps ops = cpu_vector_ops(cpu_isa());
-
-  pool_->parallel_for(T * c.n_head, [&](int64_t i0, int64_t i1, int) {
-    thread_local std::vector<float> scores;
+  const AttnArgs args{q_all,
+                      att,
+                      batch.rows.data(),
+                      pool_kv_->block(0),
+                      L.block_elems(),
+                      L.offset(layer, 0, 0),
+                      L.offset(layer, 1, 0),
+                      hd,
+                      c.n_head * hd,
+                      c.n_head_kv * hd,
+                      group,
+                      c.attn_scale,
+                      c.is_swa(layer) ? c.n_swa : 0};
+  const CpuAttendFn attend = cpu_attend(cpu_isa(), hd);
+  const int64_t per_item = std::max<int64_t>(1, kAttnMaxQueries / group);
+  attn_items_.clear();
+  for (int64_t t = 0; t < T;) {
+    const BatchRowMeta& r = batch.rows[static_cast<size_t>(t)];
+    int64_t e = t + 1;
+    while (e < T && e - t < per_item && batch.rows[static_cast<size_t>(e)].table == r.table &&
+           batch.rows[static_cast<size_t>(e)].seq == r.seq)
+      ++e;
+    const int64_t cost = batch.rows[static_cast<size_t>(e - 1)].pos + 1;  // keys of its last token
+    for (int64_t h = 0; h < c.n_head_kv; ++h)
+      attn_items_.push_back(AttnItem{cost, static_cast<int32_t>(t), static_cast<int32_t>(e),
+                                     static_cast<int32_t>(h), r.table});
+    t = e;
+  }
+  std::sort(attn_items_.begin(), attn_items_.end(),
+            [](const AttnItem& a, const AttnItem& b) { return a.cost > b.cost; });
+  const int32_t* tables = batch.block_tables.data() + L.group(layer) * batch.group_stride;
+  const auto run = [&](int64_t i0, int64_t i1, int) {
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = i / c.n_head, h = i % c.n_head, kvh = h / group;
-      const BatchRowMeta& r = batch.rows[static_cast<size_t>(t)];
-      const int32_t* table =
-          batch.block_tables.data() + L.group(layer) * batch.group_stride + r.table;
-      const int64_t n = static_cast<int64_t>(r.pos) + 1;
-      const int64_t first = window > 0 ? std::max<int64_t>(0, n - window) : 0;  // first key seen
-      if (static_cast<int64_t>(scores.size()) < n) scores.resize(static_cast<size_t>(n));
-      const float* q = q_all + t * q_dim + h * hd;
-      float mx = -INFINITY;
-      for (int64_t b0 = first / B * B; b0 < n; b0 += B) {
-        const uint16_t* kb = pool_kv_->block(table[b0 / B]) + L.offset(layer, 0, 0) + kvh * hd;
-        for (int64_t j = std::max<int64_t>(0, first - b0); j < std::min(B, n - b0); ++j) {
-          const float s = ops.dot_f16_f32(kb + j * kv_dim, q, hd) * scale;
-          scores[b0 + j] = s;
-          mx = std::max(mx, s);
-        }
-      }
-      float sum = 0.0f;
-      for (int64_t j = first; j < n; ++j) {
-        scores[j] = std::exp(scores[j] - mx);
-        sum += scores[j];
-      }
-      const float inv = 1.0f / sum;
-      float* o = att + t * q_dim + h * hd;
-      std::fill(o, o + hd, 0.0f);
-      for (int64_t b0 = first / B * B; b0 < n; b0 += B) {
-        const uint16_t* vb = pool_kv_->block(table[b0 / B]) + L.offset(layer, 1, 0) + kvh * hd;
-        for (int64_t j = std::max<int64_t>(0, first - b0); j < std::min(B, n - b0); ++j)
-          ops.axpy_f16(scores[b0 + j] * inv, vb + j * kv_dim, o, hd);
-      }
+      const AttnItem& it = attn_items_[static_cast<size_t>(i)];
+      attend(args, tables + it.table, it.t0, it.t1, it.kvh);
     }
-  });
+  };
+  const int64_t n = static_cast<int64_t>(attn_items_.size());
+  if (n == 1 || pool_->size() == 1) {
+    run(0, n, 0);
+  } else {
+    pool_->parallel_for(n, run);
+  }
 }
 
 }  // namespace

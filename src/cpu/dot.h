@@ -18,6 +18,25 @@
 
 namespace barata {
 
+struct BatchRowMeta;
+
+// One attention call's view of the step (attention.cpp): queries and outputs
+// [tokens][q_dim], each token's position, and where layer `layer`'s K and V
+// of a cache block start.
+struct AttnArgs {
+  const float* q;
+  float* out;
+  const BatchRowMeta* rows;
+  const uint16_t* kv_base;  // the pool's block 0
+  int64_t block_elems;      // elements per pool block
+  int64_t k_off, v_off;     // element offsets of the layer's K and V in a block
+  int64_t hd, q_dim, kv_dim, group;
+  float scale;
+  int64_t window;  // 0, or a sliding window: position p sees (p - window, p]
+};
+// The most queries (tokens x group) one attend() item may hold.
+inline constexpr int64_t kAttnMaxQueries = 64;
+
 // What one ISA's copy provides. Null entries (and types missing from
 // `matmul`) fall through to the next lower ISA's set, then to the reference.
 struct CpuKernelSet {
@@ -29,6 +48,14 @@ struct CpuKernelSet {
   void (*axpy_f16)(float a, const uint16_t* x, float* y, int64_t k);  // y += a * x
   // quantize_row_q8_act (matmul.h), the same bits, vectorized.
   void (*quantize_row_q8)(const float* x, BlockQ8Act* out, int64_t k) = nullptr;
+  // Tiled attention (attention.cpp) of tokens [t0, t1) of one sequence and
+  // one KV head, for head sizes attend_supported() accepts.
+  bool (*attend_supported)(int64_t hd) = nullptr;
+  void (*attend)(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1,
+                 int64_t kvh) = nullptr;
+  // gate = act(gate) * up: SiLU and GELU (tanh form).
+  void (*swiglu)(float* gate, const float* up, int64_t n) = nullptr;
+  void (*geglu)(float* gate, const float* up, int64_t n) = nullptr;
 };
 
 namespace isa_scalar {
@@ -72,6 +99,11 @@ class Scratch {
   T* p_ = nullptr;
   size_t n_ = 0;
 };
+
+bool attend_supported(int64_t hd);  // attention.cpp
+void attend_tile(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1, int64_t kvh);
+void swiglu(float* gate, const float* up, int64_t n);
+void geglu(float* gate, const float* up, int64_t n);
 
 float dot_f32(const float* a, const float* b, int64_t k);
 float dot_f16_f32(const uint16_t* w, const float* x, int64_t k);

@@ -44,7 +44,11 @@ const CpuKernelSet& kernel_set() {
                                 nullptr,
                                 dot_f16_f32_avx512,
                                 axpy_f16_avx512,
-                                quantize_row_q8_avx512};
+                                quantize_row_q8_avx512,
+                                attend_supported,
+                                attend_tile,
+                                swiglu,
+                                geglu};
 #else
   static const CpuKernelSet set{BARATA_STR(BARATA_ISA_NS) + 4,
                                 kFast,
@@ -52,7 +56,11 @@ const CpuKernelSet& kernel_set() {
                                 dot_f32,
                                 dot_f16_f32,
                                 axpy_f16,
-                                nullptr};
+                                nullptr,
+                                attend_supported,
+                                attend_tile,
+                                swiglu,
+                                geglu};
 #endif
   return set;
 }

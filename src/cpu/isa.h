@@ -36,7 +36,14 @@ struct CpuVectorOps {
   float (*dot_f16_f32)(const uint16_t* w, const float* x, int64_t k);
   void (*axpy_f16)(float a, const uint16_t* x, float* y, int64_t k);
   float (*dot_f32)(const float* a, const float* b, int64_t k);
+  void (*swiglu)(float* gate, const float* up, int64_t n);
+  void (*geglu)(float* gate, const float* up, int64_t n);
 };
 CpuVectorOps cpu_vector_ops(CpuIsa isa);
+// The tiled attention of the best copy at or below `isa` that takes this head
+// size (the scalar copy takes every size).
+using CpuAttendFn = void (*)(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1,
+                             int64_t kvh);
+CpuAttendFn cpu_attend(CpuIsa isa, int64_t head_dim);
 
 }  // namespace barata

@@ -1,0 +1,453 @@
+// Tiled attention over the paged fp16 KV cache, and the gated activations,
+// compiled once per instruction set (see dot.h). The contract of attend():
+//
+// A work item is a run of tokens of one sequence (one block table) and one KV
+// head: its queries are the `group` query heads of each token, up to
+// kAttnMaxQueries of them. The keys are walked one cache block (16 positions)
+// at a time, each block's K and V converted from fp16 once for all the
+// item's queries. Scores are computed with the queries in the vector lanes
+// (Q transposed once per item), so the softmax over a block's keys is a
+// vertical max and sum, with no horizontal reduction; the softmax is online
+// (a running max and sum per query, the output rescaled when the max grows).
+//
+// Every query's arithmetic is fixed by the query and the key positions alone:
+// its score with key j is one FMA chain over the head dimension in order, its
+// block max, exponentials and block sum are per lane in key order, and its
+// output accumulates the block's values in key order. So a query gives the
+// same bits whichever item, lane and batch it is computed in: decode, prefill
+// and any batch width agree (tests: CpuAttention.*).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "barata/batch.h"
+#include "barata/half.h"
+#include "dot.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace barata::BARATA_ISA_NS {
+namespace {
+
+constexpr int64_t kTile = 16;  // keys per tile: one KV cache block
+
+#if defined(__AVX512F__)
+constexpr int W = 16;
+using V = __m512;
+using Mask = __mmask16;
+inline V vzero() {
+  return _mm512_setzero_ps();
+}
+inline V vset1(float x) {
+  return _mm512_set1_ps(x);
+}
+inline V vload(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+inline void vstore(float* p, V v) {
+  _mm512_storeu_ps(p, v);
+}
+inline V vfma(V a, V b, V c) {
+  return _mm512_fmadd_ps(a, b, c);
+}
+inline V vmul(V a, V b) {
+  return _mm512_mul_ps(a, b);
+}
+inline V vadd(V a, V b) {
+  return _mm512_add_ps(a, b);
+}
+inline V vsub(V a, V b) {
+  return _mm512_sub_ps(a, b);
+}
+inline V vmax(V a, V b) {
+  return _mm512_max_ps(a, b);
+}
+inline V vmin(V a, V b) {
+  return _mm512_min_ps(a, b);
+}
+inline V vdiv(V a, V b) {
+  return _mm512_div_ps(a, b);
+}
+inline Mask vle(V a, V b) {
+  return _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ);
+}
+inline Mask vlt(V a, V b) {
+  return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ);
+}
+inline Mask vand(Mask a, Mask b) {
+  return static_cast<Mask>(a & b);
+}
+inline V vsel(Mask m, V a, V b) {
+  return _mm512_mask_blend_ps(m, b, a);
+}  // m ? a : b
+inline V vround(V x) {
+  return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline V vexp2i(V n) {  // 2^n for integral n in [-125, 127]
+  const __m512i e =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_castsi512_ps(e);
+}
+inline V vload_f16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+constexpr int W = 8;
+using V = __m256;
+using Mask = __m256;
+inline V vzero() {
+  return _mm256_setzero_ps();
+}
+inline V vset1(float x) {
+  return _mm256_set1_ps(x);
+}
+inline V vload(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+inline void vstore(float* p, V v) {
+  _mm256_storeu_ps(p, v);
+}
+inline V vfma(V a, V b, V c) {
+  return _mm256_fmadd_ps(a, b, c);
+}
+inline V vmul(V a, V b) {
+  return _mm256_mul_ps(a, b);
+}
+inline V vadd(V a, V b) {
+  return _mm256_add_ps(a, b);
+}
+inline V vsub(V a, V b) {
+  return _mm256_sub_ps(a, b);
+}
+inline V vmax(V a, V b) {
+  return _mm256_max_ps(a, b);
+}
+inline V vmin(V a, V b) {
+  return _mm256_min_ps(a, b);
+}
+inline V vdiv(V a, V b) {
+  return _mm256_div_ps(a, b);
+}
+inline Mask vle(V a, V b) {
+  return _mm256_cmp_ps(a, b, _CMP_LE_OQ);
+}
+inline Mask vlt(V a, V b) {
+  return _mm256_cmp_ps(a, b, _CMP_LT_OQ);
+}
+inline Mask vand(Mask a, Mask b) {
+  return _mm256_and_ps(a, b);
+}
+inline V vsel(Mask m, V a, V b) {
+  return _mm256_blendv_ps(b, a, m);
+}
+inline V vround(V x) {
+  return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline V vexp2i(V n) {
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_castsi256_ps(e);
+}
+inline V vload_f16(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#else
+constexpr int W = 1;
+using V = float;
+using Mask = bool;
+inline V vzero() {
+  return 0.0f;
+}
+inline V vset1(float x) {
+  return x;
+}
+inline V vload(const float* p) {
+  return *p;
+}
+inline void vstore(float* p, V v) {
+  *p = v;
+}
+inline V vfma(V a, V b, V c) {
+  return a * b + c;
+}  // -ffp-contract=off: two roundings
+inline V vmul(V a, V b) {
+  return a * b;
+}
+inline V vadd(V a, V b) {
+  return a + b;
+}
+inline V vsub(V a, V b) {
+  return a - b;
+}
+inline V vmax(V a, V b) {
+  return a > b ? a : b;
+}
+inline V vmin(V a, V b) {
+  return a < b ? a : b;
+}
+inline V vdiv(V a, V b) {
+  return a / b;
+}
+inline Mask vle(V a, V b) {
+  return a <= b;
+}
+inline Mask vlt(V a, V b) {
+  return a < b;
+}
+inline Mask vand(Mask a, Mask b) {
+  return a && b;
+}
+inline V vsel(Mask m, V a, V b) {
+  return m ? a : b;
+}
+inline V vload_f16(const uint16_t* p) {
+  return fp16_to_fp32(*p);
+}
+#endif
+
+// e^x. The vector copies: Cephes' expf (range reduction by ln 2 in two parts,
+// a degree-7 polynomial), within 2 ulp; below -86.5 the result is 0 (true
+// values there are under 3e-38). The scalar copy calls std::exp.
+inline V vexp(V x) {
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  const V lo = vset1(-86.5f);
+  const V xc = vmin(vmax(x, lo), vset1(88.0f));
+  const V n = vround(vmul(xc, vset1(1.44269504088896341f)));
+  V r = vfma(n, vset1(-0.693359375f), xc);
+  r = vfma(n, vset1(2.12194440e-4f), r);
+  V p = vset1(1.9875691500e-4f);
+  p = vfma(p, r, vset1(1.3981999507e-3f));
+  p = vfma(p, r, vset1(8.3334519073e-3f));
+  p = vfma(p, r, vset1(4.1665795894e-2f));
+  p = vfma(p, r, vset1(1.6666665459e-1f));
+  p = vfma(p, r, vset1(5.0000001201e-1f));
+  p = vfma(p, vmul(r, r), vadd(r, vset1(1.0f)));
+  return vsel(vlt(x, lo), vzero(), vmul(p, vexp2i(n)));
+#else
+  return std::exp(x);
+#endif
+}
+
+// Per-thread scratch of one work item (not std::vector: see dot.h).
+struct AttnScratch {
+  Scratch<float> buf;
+};
+
+// The scores of 4 keys against every query vector: s[j][lane] = sum over d of
+// k_j[d] * q_lane[d], one FMA chain per (key, query) in d order.
+inline void scores4(const float* qt, int64_t qs, int64_t nqv, const float* kf, int64_t hd, float* s,
+                    float scale) {
+  for (int64_t v = 0; v < nqv; v += 2) {
+    const bool two = v + 1 < nqv;
+    V a00 = vzero(), a01 = vzero(), a10 = vzero(), a11 = vzero();
+    V a20 = vzero(), a21 = vzero(), a30 = vzero(), a31 = vzero();
+    const float* q0 = qt + v * W;
+    const float* q1 = qt + (two ? v + 1 : v) * W;
+    for (int64_t d = 0; d < hd; ++d) {
+      const V x0 = vload(q0 + d * qs), x1 = vload(q1 + d * qs);
+      const V k0 = vset1(kf[d]), k1 = vset1(kf[hd + d]);
+      const V k2 = vset1(kf[2 * hd + d]), k3 = vset1(kf[3 * hd + d]);
+      a00 = vfma(k0, x0, a00);
+      a01 = vfma(k0, x1, a01);
+      a10 = vfma(k1, x0, a10);
+      a11 = vfma(k1, x1, a11);
+      a20 = vfma(k2, x0, a20);
+      a21 = vfma(k2, x1, a21);
+      a30 = vfma(k3, x0, a30);
+      a31 = vfma(k3, x1, a31);
+    }
+    const V sc = vset1(scale);
+    vstore(s + 0 * qs + v * W, vmul(a00, sc));
+    vstore(s + 1 * qs + v * W, vmul(a10, sc));
+    vstore(s + 2 * qs + v * W, vmul(a20, sc));
+    vstore(s + 3 * qs + v * W, vmul(a30, sc));
+    if (two) {
+      vstore(s + 0 * qs + (v + 1) * W, vmul(a01, sc));
+      vstore(s + 1 * qs + (v + 1) * W, vmul(a11, sc));
+      vstore(s + 2 * qs + (v + 1) * W, vmul(a21, sc));
+      vstore(s + 3 * qs + (v + 1) * W, vmul(a31, sc));
+    }
+  }
+}
+
+// o[0..hd) = o * alpha + sum over keys j in [lo, hi) of p[j * ps] * v_j, per
+// lane in key order; two queries at once when they share the key range.
+inline void accumulate_pv(float* o, float alpha, const float* p, int64_t ps, const float* vf,
+                          int64_t hd, int64_t lo, int64_t hi) {
+  const V al = vset1(alpha);
+  int64_t d = 0;
+  for (; d + 4 * W <= hd; d += 4 * W) {
+    V a0 = vmul(vload(o + d), al), a1 = vmul(vload(o + d + W), al);
+    V a2 = vmul(vload(o + d + 2 * W), al), a3 = vmul(vload(o + d + 3 * W), al);
+    for (int64_t j = lo; j < hi; ++j) {
+      const V pj = vset1(p[j * ps]);
+      const float* vr = vf + j * hd + d;
+      a0 = vfma(pj, vload(vr), a0);
+      a1 = vfma(pj, vload(vr + W), a1);
+      a2 = vfma(pj, vload(vr + 2 * W), a2);
+      a3 = vfma(pj, vload(vr + 3 * W), a3);
+    }
+    vstore(o + d, a0);
+    vstore(o + d + W, a1);
+    vstore(o + d + 2 * W, a2);
+    vstore(o + d + 3 * W, a3);
+  }
+  for (; d < hd; d += W) {
+    V a0 = vmul(vload(o + d), al);
+    for (int64_t j = lo; j < hi; ++j) a0 = vfma(vset1(p[j * ps]), vload(vf + j * hd + d), a0);
+    vstore(o + d, a0);
+  }
+}
+
+void attend(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1, int64_t kvh) {
+  const int64_t hd = a.hd, G = a.group, nq = (t1 - t0) * G;
+  const int64_t nqv = (nq + W - 1) / W, qs = nqv * W;  // query lanes, padded
+  thread_local AttnScratch scratch;
+  // qt[hd][qs] | s[kTile][qs] | kf[kTile][hd] | vf[kTile][hd] | o[nq][hd]
+  // | m, l, alpha, lo, hi, first, n [qs] each
+  float* buf = scratch.buf.get(
+      static_cast<size_t>(hd * qs + kTile * qs + 2 * kTile * hd + nq * hd + 7 * qs + 3 * kTile));
+  float* qt = buf;
+  float* s = qt + hd * qs;
+  float* kf = s + kTile * qs;
+  float* vf = kf + kTile * hd;
+  float* o = vf + kTile * hd;
+  float* m = o + nq * hd;
+  float* l = m + qs;
+  float* alpha = l + qs;
+  float* lo_f = alpha + qs;  // per-lane key range of the current tile, as floats
+  float* hi_f = lo_f + qs;
+  float* first = hi_f + qs;  // per-lane first key and key count, as floats
+  float* count = first + qs;
+
+  int64_t kmin = std::numeric_limits<int64_t>::max(), kmax = 0;
+  for (int64_t i = 0; i < qs; ++i) {
+    if (i < nq) {
+      const int64_t t = t0 + i / G, h = kvh * G + i % G;
+      const float* q = a.q + t * a.q_dim + h * hd;
+      for (int64_t d = 0; d < hd; ++d) qt[d * qs + i] = q[d];
+      const int64_t n = static_cast<int64_t>(a.rows[t].pos) + 1;
+      const int64_t f = a.window > 0 ? std::max<int64_t>(0, n - a.window) : 0;
+      first[i] = static_cast<float>(f);
+      count[i] = static_cast<float>(n);
+      kmin = std::min(kmin, f);
+      kmax = std::max(kmax, n);
+    } else {
+      for (int64_t d = 0; d < hd; ++d) qt[d * qs + i] = 0.0f;
+      first[i] = 0.0f;
+      count[i] = 0.0f;  // no key is ever valid for a padding lane
+    }
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+  }
+  std::fill(o, o + nq * hd, 0.0f);
+
+  const int64_t kv_dim = a.kv_dim;
+  for (int64_t b0 = kmin / kTile * kTile; b0 < kmax; b0 += kTile) {
+    const uint16_t* blk = a.kv_base + static_cast<int64_t>(table[b0 / kTile]) * a.block_elems;
+    const uint16_t* kb = blk + a.k_off + kvh * hd;
+    const uint16_t* vb = blk + a.v_off + kvh * hd;
+    const int64_t jn = std::min(kTile, kmax - b0);  // rows of this block that hold keys
+    for (int64_t j = 0; j < jn; ++j)
+      for (int64_t d = 0; d < hd; d += W) {
+        vstore(kf + j * hd + d, vload_f16(kb + j * kv_dim + d));
+        vstore(vf + j * hd + d, vload_f16(vb + j * kv_dim + d));
+      }
+    for (int64_t j = jn; j < kTile; ++j)
+      for (int64_t d = 0; d < hd; ++d) kf[j * hd + d] = 0.0f;
+    for (int64_t j = 0; j < kTile; j += 4)
+      scores4(qt, qs, nqv, kf + j * hd, hd, s + j * qs, a.scale);
+
+    // The online softmax, per lane: keys j of this tile are valid for a lane
+    // when first <= b0 + j < count.
+    const V base = vset1(static_cast<float>(b0));
+    for (int64_t v = 0; v < nqv; ++v) {
+      const V fv = vsub(vload(first + v * W), base), cv = vsub(vload(count + v * W), base);
+      const V neg = vset1(-INFINITY);
+      V tmax = neg;
+      for (int64_t j = 0; j < kTile; ++j) {
+        const V jv = vset1(static_cast<float>(j));
+        const V sj = vsel(vand(vle(fv, jv), vlt(jv, cv)), vload(s + j * qs + v * W), neg);
+        vstore(s + j * qs + v * W, sj);
+        tmax = vmax(tmax, sj);
+      }
+      const V m_old = vload(m + v * W);
+      const V m_new = vmax(m_old, tmax);
+      // A lane with no key yet keeps alpha 1 (its o and l are 0).
+      const Mask live = vlt(neg, m_new);
+      const V al = vsel(live, vexp(vsub(m_old, m_new)), vset1(1.0f));
+      V sum = vzero();
+      for (int64_t j = 0; j < kTile; ++j) {
+        const V sj = vload(s + j * qs + v * W);
+        const V pj = vsel(vlt(neg, sj), vexp(vsub(sj, m_new)), vzero());
+        vstore(s + j * qs + v * W, pj);
+        sum = vadd(sum, pj);
+      }
+      vstore(l + v * W, vadd(vmul(vload(l + v * W), al), sum));
+      vstore(m + v * W, m_new);
+      vstore(alpha + v * W, al);
+      vstore(lo_f + v * W, vmax(fv, vzero()));
+      vstore(hi_f + v * W, vmin(cv, vset1(static_cast<float>(kTile))));
+    }
+    for (int64_t i = 0; i < nq; ++i) {
+      const int64_t lo = static_cast<int64_t>(lo_f[i]), hi = static_cast<int64_t>(hi_f[i]);
+      if (lo >= hi && alpha[i] == 1.0f) continue;  // nothing to add, nothing to rescale
+      accumulate_pv(o + i * hd, alpha[i], s + i, qs, vf, hd, lo, std::max(lo, hi));
+    }
+  }
+
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t t = t0 + i / G, h = kvh * G + i % G;
+    float* out = a.out + t * a.q_dim + h * hd;
+    const V inv = vset1(1.0f / l[i]);
+    for (int64_t d = 0; d < hd; d += W) vstore(out + d, vmul(vload(o + i * hd + d), inv));
+  }
+}
+
+// The gated activations, the same arithmetic for every element: a tail
+// shorter than a vector goes through the vector code on a padded copy, so an
+// element's bits do not depend on where it sits in the array (batch width).
+template <typename F>
+void gated(float* gate, const float* up, int64_t n, F&& f) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) vstore(gate + i, f(vload(gate + i), vload(up + i)));
+  if (i < n) {
+    float g[W] = {}, u[W] = {};
+    std::memcpy(g, gate + i, static_cast<size_t>(n - i) * sizeof(float));
+    std::memcpy(u, up + i, static_cast<size_t>(n - i) * sizeof(float));
+    vstore(g, f(vload(g), vload(u)));
+    std::memcpy(gate + i, g, static_cast<size_t>(n - i) * sizeof(float));
+  }
+}
+
+}  // namespace
+
+bool attend_supported(int64_t hd) {
+  return hd % W == 0;
+}
+
+void attend_tile(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1, int64_t kvh) {
+  attend(a, table, t0, t1, kvh);
+}
+
+// gate = silu(gate) * up, silu(g) = g / (1 + e^-g).
+void swiglu(float* gate, const float* up, int64_t n) {
+  gated(gate, up, n,
+        [](V g, V u) { return vmul(vdiv(g, vadd(vset1(1.0f), vexp(vsub(vzero(), g)))), u); });
+}
+
+// gate = gelu(gate) * up, GELU's tanh form written as x * sigmoid(2z):
+// 0.5 x (1 + tanh z) = x / (1 + e^-2z), z = sqrt(2/pi) (x + 0.044715 x^3).
+void geglu(float* gate, const float* up, int64_t n) {
+  gated(gate, up, n, [](V x, V u) {
+    const V one = vset1(1.0f);
+    const V z =
+        vmul(vmul(vset1(-2.0f * 0.7978845608028654f), x), vfma(vset1(0.044715f), vmul(x, x), one));
+    return vmul(vdiv(x, vadd(one, vexp(z))), u);
+  });
+}
+
+}  // namespace barata::BARATA_ISA_NS
