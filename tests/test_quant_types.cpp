@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <optional>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -309,71 +310,107 @@ TEST_P(QuantKernelsIsa, KernelsOfTheForcedIsaAreBound) {
     EXPECT_EQ(cpu_matmul_kernel(DType::Q4_0, 96).repack, nullptr);
     EXPECT_NE(cpu_matmul_kernel(DType::Q4_0, 96, CpuIsa::kAvx512, true).repack, nullptr);
   }
+  if (GetParam() == CpuIsa::kAvx2) {
+    // The 8-row kernels where the caller repacks, their file-row twins where not.
+    for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::I4_G128, DType::I4_TENSOR}) {
+      EXPECT_STREQ(std::strchr(cpu_matmul_kernel(t, 96, CpuIsa::kAvx2, true).name, '.'),
+                   ".r8.avx2");
+      EXPECT_STREQ(std::strchr(cpu_matmul_kernel(t, 96).name, '.'), ".q8.avx2");
+    }
+  }
 }
 
-// Load-time repacking (the AVX-512 16-row interleaved layouts): the same bits
-// as the same ISA's kernel on the file's rows, for every shape, row counts
-// that are not whole groups of 16 included.
-TEST(QuantKernels, RepackedLayoutsGiveTheBitsOfTheFileLayout) {
-  if (!cpu_isa_available(CpuIsa::kAvx512))
-    GTEST_SKIP() << "the repacked layouts are AVX-512 kernels, not on this CPU (best here: "
-                 << cpu_isa_name(cpu_best_isa()) << ")";
+// Load-time repacking (the 16-row interleaved layouts): on `isa`, the same
+// bits as the same ISA's kernel on the file's rows, for every shape, row
+// counts that are not whole groups of 16 included. With `also`, the repacked
+// kernel of that ISA gives the same bits too. Returns the cases checked.
+int check_repacked_layouts(CpuIsa isa, const std::vector<DType>& types,
+                           std::optional<CpuIsa> also = std::nullopt) {
   const CpuIsa saved = cpu_isa();
-  set_cpu_isa(CpuIsa::kAvx512);
+  set_cpu_isa(isa);
   ThreadPool pool(2);
   uint32_t seed = 900;
   int n_checked = 0;
-  for (DType t :
-       {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::IQ4_NL, DType::Q8_0, DType::Q4_K, DType::Q5_K,
-        DType::Q6_K, DType::I4_G128, DType::I4_TENSOR, DType::F16, DType::BF16, DType::F32}) {
+  for (DType t : types) {
     const bool k_quant = t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
     const bool f = t == DType::F16 || t == DType::BF16 || t == DType::F32;
     const std::vector<int64_t> ks = k_quant ? std::vector<int64_t>{256, 512, 1536, 768}
                                     : f     ? std::vector<int64_t>{7, 90, 256, 577}
                                             : std::vector<int64_t>{32, 96, 256, 576};
     for (int64_t k : ks) {
-      for (int64_t n_rows : {1, 15, 16, 17, 37, 64}) {
+      for (int64_t n_rows : {1, 7, 9, 15, 16, 17, 37, 64}) {
         for (int64_t n_tok : {1, 2, 3, 5, 8, 9, 33}) {
-          SCOPED_TRACE(testing::Message()
-                       << dtype_name(t) << " k=" << k << " rows=" << n_rows << " tokens=" << n_tok);
+          SCOPED_TRACE(testing::Message() << cpu_isa_name(isa) << " " << dtype_name(t) << " k=" << k
+                                          << " rows=" << n_rows << " tokens=" << n_tok);
           const std::vector<float> w = gaussian(static_cast<size_t>(k * n_rows), seed, 0.02f);
           const std::vector<float> x = gaussian(static_cast<size_t>(k * n_tok), seed + 1);
           ++seed;
           std::vector<uint8_t> q(tensor_bytes(t, k, n_rows));
           quantize_tensor(t, w.data(), k, n_rows, q.data());
           const WeightView plain = make_weight_view(t, k, n_rows, q.data());
-          ASSERT_EQ(plain.kernel->repack, nullptr) << plain.kernel->name;
-          WeightView packed = plain;
-          packed.kernel = &cpu_matmul_kernel(t, k, CpuIsa::kAvx512, true);
-          ASSERT_NE(packed.kernel->repack, nullptr) << packed.kernel->name;
-          RepackArena copy;
-          const size_t at = copy.reserve(repacked_bytes(packed));
-          copy.allocate();
-          repack_weight(pool, packed, copy.at(at));
-          ASSERT_NE(packed.data, plain.data);
+          EXPECT_EQ(plain.kernel->repack, nullptr) << plain.kernel->name;
           PreparedActs acts;
           prepare_acts(pool, plain.kernel->act, x.data(), n_tok, k, acts);
-          std::vector<float> y0(static_cast<size_t>(n_tok * n_rows), -1.0f), y1 = y0;
+          std::vector<float> y0(static_cast<size_t>(n_tok * n_rows), -1.0f);
           matmul(pool, plain, acts, y0.data(), n_rows);
-          matmul(pool, packed, acts, y1.data(), n_rows);
-          ASSERT_EQ(std::memcmp(y0.data(), y1.data(), y0.size() * sizeof(float)), 0)
-              << "first values " << y0[0] << " vs " << y1[0];
+          std::vector<CpuIsa> packs = {isa};
+          if (also) packs.push_back(*also);
+          for (CpuIsa p : packs) {
+            WeightView packed = plain;
+            packed.kernel = &cpu_matmul_kernel(t, k, p, true);
+            EXPECT_NE(packed.kernel->repack, nullptr) << packed.kernel->name;
+            if (packed.kernel->repack == nullptr) return n_checked;
+            RepackArena copy;
+            const size_t at = copy.reserve(repacked_bytes(packed));
+            copy.allocate();
+            repack_weight(pool, packed, copy.at(at));
+            std::vector<float> y1(y0.size(), -2.0f);
+            matmul(pool, packed, acts, y1.data(), n_rows);
+            EXPECT_EQ(std::memcmp(y0.data(), y1.data(), y0.size() * sizeof(float)), 0)
+                << packed.kernel->name << ": first values " << y0[0] << " vs " << y1[0];
+          }
           ++n_checked;
         }
       }
     }
   }
   set_cpu_isa(saved);
-  EXPECT_EQ(n_checked, 13 * 4 * 6 * 7);
+  return n_checked;
 }
 
-// The AVX-512 activation quantizer (prepare_acts uses it) gives the scalar
-// reference's bits, NaN, Inf, signed zeros, subnormals and zero blocks included.
-TEST(QuantKernels, VectorActivationQuantizerGivesTheScalarBits) {
+TEST(QuantKernels, RepackedLayoutsGiveTheBitsOfTheFileLayout) {
   if (!cpu_isa_available(CpuIsa::kAvx512))
-    GTEST_SKIP() << "the vector quantizer is an AVX-512 kernel, not on this CPU (best here: "
+    GTEST_SKIP() << "the 16-row layouts here are AVX-512 kernels, not on this CPU (best here: "
                  << cpu_isa_name(cpu_best_isa()) << ")";
-  const auto quantize = cpu_kernel_set(CpuIsa::kAvx512).quantize_row_q8;
+  const std::vector<DType> types = {DType::Q4_0,    DType::Q4_1,      DType::Q5_0, DType::IQ4_NL,
+                                    DType::Q8_0,    DType::Q4_K,      DType::Q5_K, DType::Q6_K,
+                                    DType::I4_G128, DType::I4_TENSOR, DType::F16,  DType::BF16,
+                                    DType::F32};
+  EXPECT_EQ(check_repacked_layouts(CpuIsa::kAvx512, types), 13 * 4 * 8 * 7);
+}
+
+// The AVX2 kernels on the same layouts (two halves of 8 rows): the bits of
+// the AVX2 kernel on the file's rows, and, where the CPU has AVX-512, of the
+// AVX-512 kernel on the layout (one arithmetic contract for both ISAs).
+TEST(QuantKernels, Avx2EightRowKernelsGiveTheBitsOfTheFileLayoutAndOfAvx512) {
+  if (!cpu_isa_available(CpuIsa::kAvx2))
+    GTEST_SKIP() << "no avx2 kernels on this CPU or build (best here: "
+                 << cpu_isa_name(cpu_best_isa()) << ")";
+  const std::vector<DType> types = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::I4_G128,
+                                    DType::I4_TENSOR};
+  std::optional<CpuIsa> also;
+  if (cpu_isa_available(CpuIsa::kAvx512)) also = CpuIsa::kAvx512;
+  EXPECT_EQ(check_repacked_layouts(CpuIsa::kAvx2, types, also), 5 * 4 * 8 * 7);
+}
+
+// The vector activation quantizers (AVX2, AVX-512; prepare_acts uses them) give the scalar
+// reference's bits, NaN, Inf, signed zeros, subnormals and zero blocks included.
+TEST_P(QuantKernelsIsa, VectorActivationQuantizerGivesTheScalarBits) {
+  const auto quantize = cpu_kernel_set(GetParam()).quantize_row_q8;
+  if (GetParam() == CpuIsa::kScalar) {
+    EXPECT_EQ(quantize, nullptr) << "the scalar copy is the reference itself";
+    return;
+  }
   ASSERT_NE(quantize, nullptr);
   const int64_t k = 32 * 64;
   for (float sd : {1e-30f, 1e-3f, 1.0f, 1e3f, 3e38f}) {

@@ -133,6 +133,15 @@ BARATA_DOT_TILE(dot_tile_q5_k_q8);
 BARATA_DOT_TILE(dot_tile_q6_k_q8);
 #endif
 
+#if defined(BARATA_HAVE_BARATA_QUANT_KERNELS) && !defined(__AVX512F__)
+#define BARATA_HAVE_R8_KERNELS 1
+// dot_r8.cpp: the 16-row interleaved layouts read as two halves of 8 rows.
+extern const MatmulKernel kR8Kernels[];
+extern const size_t kR8KernelCount;
+inline constexpr size_t kR8KernelMax = 16;
+void quantize_row_q8_avx2(const float* x, BlockQ8Act* out, int64_t k);
+#endif
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__) && defined(__AVX512VNNI__)
 #define BARATA_HAVE_AVX512_KERNELS 1

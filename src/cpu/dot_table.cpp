@@ -49,6 +49,26 @@ const CpuKernelSet& kernel_set() {
                                 attend_tile,
                                 swiglu,
                                 geglu};
+#elif defined(BARATA_HAVE_R8_KERNELS)
+  // The 8-row kernels first: the registry takes a type's first kernel.
+  static MatmulKernel all[kR8KernelMax + sizeof kFast / sizeof kFast[0]];
+  static const size_t n_all = [] {
+    size_t n = 0;
+    for (size_t i = 0; i < kR8KernelCount && i < kR8KernelMax; ++i) all[n++] = kR8Kernels[i];
+    for (const MatmulKernel& m : kFast) all[n++] = m;
+    return n;
+  }();
+  static const CpuKernelSet set{BARATA_STR(BARATA_ISA_NS) + 4,
+                                all,
+                                n_all,
+                                dot_f32,
+                                dot_f16_f32,
+                                axpy_f16,
+                                quantize_row_q8_avx2,
+                                attend_supported,
+                                attend_tile,
+                                swiglu,
+                                geglu};
 #else
   static const CpuKernelSet set{BARATA_STR(BARATA_ISA_NS) + 4,
                                 kFast,

@@ -1,0 +1,258 @@
+// AVX2 kernels on the 16-row interleaved layouts (r16_layout.h), built only
+// into the avx2 copy (see dot.h): each 16-row group is read as two halves of
+// 8 rows, one row per 32-bit lane of a 256-bit vector.
+//
+// AVX2 has no vpdpbusd: the exact integer dot of a block (32 weights of 8
+// rows against one token's 32 int8 activations) is eight vpmaddubsw (4
+// weights of each row against 4 activation bytes broadcast: two int16 pair
+// sums per row), three int16 adds of those (within range: a pair sum is at
+// most 2 * 31 * 127 = 7874 for the 5-bit codes, so four of them fit), and two
+// vpmaddwd against ones that finish each row's sum in its own int32 lane.
+// The float part is the layout's contract, operation for operation the
+// AVX-512 kernel's: acc = fma(float(dot), dv * d_x, acc); acc = fma(mv, s_x,
+// acc). So these kernels give the AVX-512 kernels' bits, and the one on the
+// file's rows (r8_tile_rows) gives the repacked kernel's.
+//
+// Types: Q4_0, Q4_1, Q5_0 and barata's int4 group-128 and per-tensor rows
+// (codes of at most 5 bits). IQ4_NL's and Q8_0's codes are bytes up to 255,
+// whose pair sums would saturate vpmaddubsw: they keep the row kernels.
+#include <cstring>
+
+#include "barata/half.h"
+#include "barata/quant_blocks.h"
+#include "dot.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && \
+    !defined(BARATA_HAVE_AVX512_KERNELS)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace barata::BARATA_ISA_NS {
+namespace {
+
+inline uint32_t read_u32(const void* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+#include "r16_layout.h"  // IWYU pragma: keep (inside the ISA namespace)
+
+inline __m256i load256(const void* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+inline __m256i bcast4(const int8_t* q) {
+  return _mm256_set1_epi32(static_cast<int>(read_u32(q)));
+}
+
+// 32 bits -> 32 bytes, byte i = 16 where bit i is set (the fifth bits of
+// 4 weights x 8 rows: bit 4r + j is byte 4r + j).
+inline __m256i fifth_bits(uint32_t bits) {
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                           2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                          _mm256_set1_epi8(16));
+}
+
+// The exact sum over one block of each row's codes times the token's
+// activations: int32 lane r = sum_j u[r][j] * q[j].
+inline __m256i block_dot(const __m256i u[8], const int8_t* q) {
+  const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast4(q)),
+                                       _mm256_maddubs_epi16(u[1], bcast4(q + 4)));
+  const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(q + 8)),
+                                       _mm256_maddubs_epi16(u[3], bcast4(q + 12)));
+  const __m256i s45 = _mm256_add_epi16(_mm256_maddubs_epi16(u[4], bcast4(q + 16)),
+                                       _mm256_maddubs_epi16(u[5], bcast4(q + 20)));
+  const __m256i s67 = _mm256_add_epi16(_mm256_maddubs_epi16(u[6], bcast4(q + 24)),
+                                       _mm256_maddubs_epi16(u[7], bcast4(q + 28)));
+  const __m256i ones = _mm256_set1_epi16(1);
+  return _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(s01, s23), ones),
+                          _mm256_madd_epi16(_mm256_add_epi16(s45, s67), ones));
+}
+
+constexpr int64_t kAheadBytes = BARATA_R_AHEAD;
+
+// T tokens against half `h` (rows 8h .. 8h + 7) of one 16-row group;
+// out[t * ldy + r] for r < n_valid.
+template <RKind K, int T>
+void r8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* out, size_t ldy,
+             int h, int n_valid) {
+  using L = RLayout<K>;
+  static_assert(K != RKind::kByte && K != RKind::kNibTable, "codes over 5 bits saturate");
+  const uint8_t* codes = grp;
+  const uint8_t* dsec = codes + nb * L::kCodes;
+  const uint8_t* msec = dsec + nb * L::kD;
+  const uint8_t* hsec = msec + nb * L::kM;
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0f);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* c = codes + b * L::kCodes + 32 * h;
+    {
+      constexpr int64_t kAhead = kAheadBytes / static_cast<int64_t>(L::kCodes);
+      for (size_t i = 0; i < L::kCodes; i += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(c) + kAhead * L::kCodes + i, _MM_HINT_T0);
+      if (b % 2 == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(dsec + (b + kAhead) * L::kD), _MM_HINT_T0);
+    }
+    __m256i u[8];
+    for (int i = 0; i < 4; ++i) {
+      const __m256i w = load256(c + 64 * i);
+      u[2 * i] = _mm256_and_si256(w, low);
+      u[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+    }
+    if constexpr (K == RKind::kNib5) {
+      const uint8_t* hb = hsec + b * L::kHigh + 4 * h;
+      for (int g = 0; g < 8; ++g) u[g] = _mm256_or_si256(u[g], fifth_bits(read_u32(hb + 8 * g)));
+    }
+    const __m256 dv = _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(dsec + b * L::kD + 16 * h)));
+    const __m256 mv = K == RKind::kNibMin
+                          ? _mm256_cvtph_ps(_mm_loadu_si128(
+                                reinterpret_cast<const __m128i*>(msec + b * L::kM + 16 * h)))
+                          : _mm256_mul_ps(dv, _mm256_set1_ps(-L::kOffset));
+    for (int t = 0; t < T; ++t) {
+      const BlockQ8Act& xb = x[t][b];
+      const __m256 p = _mm256_cvtepi32_ps(block_dot(u, xb.q));
+      acc[t] = _mm256_fmadd_ps(p, _mm256_mul_ps(dv, _mm256_set1_ps(xb.d)), acc[t]);
+      acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xb.s), acc[t]);
+    }
+  }
+  if (n_valid == 8) {
+    for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + static_cast<size_t>(t) * ldy, acc[t]);
+  } else {
+    const __m256i m =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n_valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int t = 0; t < T; ++t) _mm256_maskstore_ps(out + static_cast<size_t>(t) * ldy, m, acc[t]);
+  }
+}
+
+template <RKind K>
+void r8_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                    const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                    size_t ldy) {
+  const int64_t nb = k / 32;
+  for (int64_t g = 0; g * 16 < n_rows; ++g) {
+    const uint8_t* grp = w + static_cast<size_t>(g * 16) * row_bytes;
+    for (int h = 0; h < 2; ++h) {
+      const int n_valid = static_cast<int>(std::clamp<int64_t>(n_rows - g * 16 - 8 * h, 0, 8));
+      if (n_valid == 0) break;
+      for (int64_t t = 0; t < n_tokens;) {
+        const BlockQ8Act* x[4];
+        const int64_t left = n_tokens - t;
+        const int nt = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        for (int i = 0; i < nt; ++i)
+          x[i] = reinterpret_cast<const BlockQ8Act*>(acts + (t + i) * act_stride);
+        float* o = out + g * 16 + 8 * h + static_cast<size_t>(t) * ldy;
+        if (nt == 4) {
+          r8_tile<K, 4>(grp, nb, x, o, ldy, h, n_valid);
+        } else if (nt == 2) {
+          r8_tile<K, 2>(grp, nb, x, o, ldy, h, n_valid);
+        } else {
+          r8_tile<K, 1>(grp, nb, x, o, ldy, h, n_valid);
+        }
+        t += nt;
+      }
+    }
+  }
+}
+
+// The same arithmetic on the file's rows, one row and token at a time
+// (BARATA_REPACK=0, and weights the backend did not repack).
+template <RKind K>
+void r8_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                  const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                  size_t ldy) {
+  const int64_t nb = k / 32;
+  constexpr float kOff = RLayout<K>::kOffset;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * row_bytes;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const auto* x = reinterpret_cast<const BlockQ8Act*>(acts + t * act_stride);
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const RowBlock rb = row_block<K>(row, b, nb);
+        const __m256i s8 =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(load256(rb.u), load256(x[b].q)), ones);
+        const __m128i s4 =
+            _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        int32_t lanes[4];
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(lanes), s4);
+        const int32_t isum = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+        const float dv = fp16_to_fp32(rb.d);
+        const float mv = K == RKind::kNibMin ? fp16_to_fp32(rb.m) : dv * -kOff;
+        acc = std::fma(static_cast<float>(isum), dv * x[b].d, acc);
+        acc = std::fma(mv, x[b].s, acc);
+      }
+      out[t * ldy + r] = acc;
+    }
+  }
+}
+
+#define BARATA_R8_KERNELS(T, name, K)                                        \
+  MatmulKernel{DType::T, name ".r8.avx2", ActFormat::kQ8, r8_matmul_tile<K>, \
+               32,       r_row_bytes<K>,  r_repack<K>},                      \
+      MatmulKernel {                                                         \
+    DType::T, name ".q8.avx2", ActFormat::kQ8, r8_tile_rows<K>, 32           \
+  }
+
+}  // namespace
+
+const MatmulKernel kR8Kernels[] = {
+    BARATA_R8_KERNELS(Q4_0, "q4_0", RKind::kNib),
+    BARATA_R8_KERNELS(Q4_1, "q4_1", RKind::kNibMin),
+    BARATA_R8_KERNELS(Q5_0, "q5_0", RKind::kNib5),
+    BARATA_R8_KERNELS(I4_TENSOR, "i4_tensor", RKind::kI4Tensor),
+    BARATA_R8_KERNELS(I4_G128, "i4_g128", RKind::kI4G128),
+};
+const size_t kR8KernelCount = sizeof kR8Kernels / sizeof kR8Kernels[0];
+
+// As quantize_row_q8_act, lane for lane (the AVX-512 copy's quantizer on 8
+// lanes): |x| max with NaN skipped (max_ps returns its second operand when
+// either is NaN), the same d and 1/d, the product clamped to +-127 (a NaN
+// product gives +127, as fmin/fmax do) and rounded to nearest even.
+void quantize_row_q8_avx2(const float* x, BlockQ8Act* out, int64_t k) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t b = 0; b < k / 32; ++b, x += 32) {
+    __m256 v[4];
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(x + 8 * i);
+      m = _mm256_max_ps(_mm256_and_ps(v[i], abs_mask), m);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id), hi = _mm256_set1_ps(127.0f),
+                 lo = _mm256_set1_ps(-127.0f);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m256 c = _mm256_max_ps(_mm256_min_ps(_mm256_mul_ps(v[i], vid), hi), lo);
+      q[i] = _mm256_cvtps_epi32(_mm256_round_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    // int32 -> int8 (no saturation: |q| <= 127); the packs interleave 4-lane
+    // groups, the permutation puts them back in element order.
+    const __m256i p =
+        _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].q),
+                        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    out[b].d = d;
+    out[b].s = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+  }
+}
+
+}  // namespace barata::BARATA_ISA_NS
+#endif

@@ -1,0 +1,155 @@
+// The 16-row interleaved layouts of the legacy block types (Q4_0, Q4_1,
+// Q5_0, IQ4_NL, Q8_0) and barata's int4 rows: their layout, arithmetic and
+// the load-time repacking, shared by the AVX-512 kernels (dot_avx512.cpp,
+// 16 rows per vector) and the AVX2 ones (dot_r8.cpp, each group as two
+// halves of 8 rows). Plain C++; included by a kernel file inside its ISA
+// namespace's anonymous namespace (see dot.h: nothing here may have vague
+// linkage outside it). Needs read_u32 and the quant_blocks.h types.
+#pragma once
+
+// ---- repacked layouts: 16 rows interleaved, one row per lane -------------------------
+// For Q4_0, Q4_1, Q5_0, IQ4_NL and Q8_0 the CPU backend repacks each matrix at
+// load (the file stays as it is): rows in groups of 16, and within a group,
+// for each block of 32 weights, the codes u (unsigned) of 4 consecutive
+// weights of the 16 rows side by side, 64 bytes, so that one vpdpbusd against
+// 4 activation bytes broadcast gives each row's partial sum in its own lane.
+// The per-block scales of the 16 rows are one vector, so the scaling costs
+// one multiply and two FMAs per block for all 16 rows together.
+//
+// Arithmetic (per row r, token t, over blocks b in order, from acc = 0):
+//     acc = fma(float(sum_j u_j * q_j), dv * d_x, acc);  acc = fma(mv, s_x, acc)
+// where the sum is exact, s_x = d_x * sum(q), and per type
+//     Q4_0: u = nibble, dv = d, mv = -8 d        Q4_1: u = nibble, dv = d, mv = m
+//     Q5_0: u = nibble + 16 * fifth bit, mv = -16 d
+//     IQ4_NL: u = code book value + 128, mv = -128 d      Q8_0: u = q + 128, mv = -128 d
+// The unrepacked kernels of these types in the AVX-512 and AVX2 copies
+// (rq_tile_rows, r8_tile_rows) do exactly the same operations, so repacking
+// changes no bit of the result, and the two ISAs give the same bits.
+//
+// Group layout, in sections (each block's part contiguous):
+//     codes: per block 256 bytes (nibble types: 4 x 64, byte 4r + j of word i
+//            holding u[r][8i + j] | u[r][8i + 4 + j] << 4) or 512 (Q8_0: 8 x 64)
+//     d:     per block 16 fp16        m (Q4_1): per block 16 fp16
+//     high bits (Q5_0): per block 8 x 64 bits, bit 4r + j of word g = the fifth
+//            bit of weight 4g + j of row r.
+#ifndef BARATA_R_AHEAD
+#define BARATA_R_AHEAD 4096
+#endif
+// kI4G128 / kI4Tensor: barata's int4 group-128 and per-tensor rows (stored
+// level + 8 in Q4_0's nibble order; d = the group's fp16 scale, or 1 with the
+// tensor's scale applied by the matmul driver), mv = -8 d: the kNib layout.
+enum class RKind { kNib, kNibMin, kNib5, kNibTable, kByte, kI4G128, kI4Tensor };
+
+template <RKind K>
+struct RLayout {
+  static constexpr size_t kCodes = K == RKind::kByte ? 512 : 256;
+  static constexpr size_t kD = 32;
+  static constexpr size_t kM = K == RKind::kNibMin ? 32 : 0;
+  static constexpr size_t kHigh = K == RKind::kNib5 ? 64 : 0;
+  static constexpr size_t kBlock = kCodes + kD + kM + kHigh;  // 16 rows x 32 weights
+  static constexpr float kOffset = K == RKind::kNib5                            ? 16.0f
+                                   : K == RKind::kByte || K == RKind::kNibTable ? 128.0f
+                                                                                : 8.0f;
+};
+
+// One row's block b in code form: u[32], the fp16 scale (and min), fifth bits.
+struct RowBlock {
+  uint8_t u[32];
+  uint16_t d, m;
+};
+
+template <RKind K>
+RowBlock row_block(const uint8_t* row, int64_t b, int64_t nb) {
+  RowBlock o{};
+  auto nibbles = [&](const uint8_t* qs) {
+    for (int j = 0; j < 16; ++j) {
+      o.u[j] = qs[j] & 0x0f;
+      o.u[j + 16] = qs[j] >> 4;
+    }
+  };
+  if constexpr (K == RKind::kI4G128 || K == RKind::kI4Tensor) {
+    const uint8_t* q = row + (K == RKind::kI4G128 ? 2 * ((nb + 3) / 4) : 0);
+    nibbles(q + 16 * b);
+    if constexpr (K == RKind::kI4G128) {
+      std::memcpy(&o.d, row + 2 * (b / 4), 2);
+    } else {
+      o.d = 0x3c00;  // 1.0
+    }
+  } else if constexpr (K == RKind::kNib || K == RKind::kNibTable) {
+    const auto& x = reinterpret_cast<const BlockQ4_0*>(row)[b];  // IQ4_NL has the same layout
+    nibbles(x.qs);
+    o.d = x.d;
+  } else if constexpr (K == RKind::kNibMin) {
+    const auto& x = reinterpret_cast<const BlockQ4_1*>(row)[b];
+    nibbles(x.qs);
+    o.d = x.d;
+    o.m = x.m;
+  } else if constexpr (K == RKind::kNib5) {
+    const auto& x = reinterpret_cast<const BlockQ5_0*>(row)[b];
+    nibbles(x.qs);
+    const uint32_t qh = read_u32(x.qh);
+    for (int j = 0; j < 32; ++j) o.u[j] = static_cast<uint8_t>(o.u[j] | (((qh >> j) & 1u) << 4));
+    o.d = x.d;
+  } else {
+    const auto& x = reinterpret_cast<const BlockQ8_0*>(row)[b];
+    for (int j = 0; j < 32; ++j) o.u[j] = static_cast<uint8_t>(x.qs[j] + 128);
+    o.d = x.d;
+  }
+  if constexpr (K == RKind::kNibTable)
+    for (int j = 0; j < 32; ++j) o.u[j] = static_cast<uint8_t>(kIQ4NLValues[o.u[j]] + 128);
+  return o;
+}
+
+template <RKind K>
+size_t r_row_bytes(int64_t k) {
+  return static_cast<size_t>(k / 32) * RLayout<K>::kBlock / 16;
+}
+
+template <RKind K>
+void r_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_rows, uint8_t* dst) {
+  using L = RLayout<K>;
+  const int64_t nb = k / 32;
+  const int64_t groups = (n_rows + 15) / 16;
+  const size_t group_bytes = static_cast<size_t>(nb) * L::kBlock;
+  std::memset(dst, 0, static_cast<size_t>(groups) * group_bytes);
+  for (int64_t g = 0; g < groups; ++g) {
+    uint8_t* codes = dst + g * group_bytes;
+    uint8_t* dsec = codes + nb * L::kCodes;
+    uint8_t* msec = dsec + nb * L::kD;
+    uint8_t* hsec = msec + nb * L::kM;
+    for (int64_t r = 0; r < 16 && g * 16 + r < n_rows; ++r) {
+      const uint8_t* row = src + (g * 16 + r) * src_row_bytes;
+      for (int64_t b = 0; b < nb; ++b) {
+        RowBlock rb = row_block<K>(row, b, nb);
+        uint8_t* c = codes + b * L::kCodes;
+        if constexpr (K == RKind::kByte) {
+          for (int gi = 0; gi < 8; ++gi)
+            for (int j = 0; j < 4; ++j) c[64 * gi + 4 * r + j] = rb.u[4 * gi + j];
+        } else {
+          // The table type stores nibble indices; the kernel maps them.
+          if constexpr (K == RKind::kNibTable) {
+            const auto& x = reinterpret_cast<const BlockQ4_0*>(row)[b];
+            for (int j = 0; j < 16; ++j) {
+              rb.u[j] = x.qs[j] & 0x0f;
+              rb.u[j + 16] = x.qs[j] >> 4;
+            }
+          }
+          for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j)
+              c[64 * i + 4 * r + j] = static_cast<uint8_t>((rb.u[8 * i + j] & 0x0f) |
+                                                           ((rb.u[8 * i + 4 + j] & 0x0f) << 4));
+          if constexpr (K == RKind::kNib5) {
+            for (int gi = 0; gi < 8; ++gi)
+              for (int j = 0; j < 4; ++j)
+                if (rb.u[4 * gi + j] & 0x10) {
+                  const int bit = 4 * static_cast<int>(r) + j;
+                  hsec[b * L::kHigh + 8 * gi + bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
+                }
+          }
+        }
+        std::memcpy(dsec + b * L::kD + 2 * r, &rb.d, 2);
+        if constexpr (K == RKind::kNibMin) std::memcpy(msec + b * L::kM + 2 * r, &rb.m, 2);
+      }
+    }
+  }
+}
