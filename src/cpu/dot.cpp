@@ -20,7 +20,6 @@ namespace {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 using simd::dot_u8_s8;
 using simd::hsum;
-using simd::unpack_nibbles;
 #endif
 
 inline const BlockQ8Act* act_row(const uint8_t* acts, size_t stride, int64_t t) {
@@ -28,6 +27,8 @@ inline const BlockQ8Act* act_row(const uint8_t* acts, size_t stride, int64_t t) 
 }
 
 // Q4_0 and Q4_1 share one loop: a Q4_0 block is a Q4_1 block with min = -8d.
+// Plain C++ only: the AVX2 copy runs these types on the 8-row kernels
+// (dot_r8.cpp), the AVX-512 copy on its 16-row ones.
 // dot = sum_b (d_w d_x sum(q_w q_x) + m_w s_x), with s_x = d_x sum(q_x).
 // R rows against one activation row at a time: the activation block is loaded
 // once for R weight blocks, and the R accumulators are independent FMA chains
@@ -40,28 +41,6 @@ void dot_q4_q8(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64_t 
   for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const Block*>(w + r * row_bytes);
   float off[R];
   for (int r = 0; r < R; ++r) off[r] = 0.0f;
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].q));
-    for (int r = 0; r < R; ++r) {
-      const Block& blk = rows[r][b];
-      // The rows of the next group: a stream of short rows is too broken up
-      // for the hardware prefetcher to run far enough ahead on its own.
-      _mm_prefetch(reinterpret_cast<const char*>(&blk) + R * row_bytes, _MM_HINT_T0);
-      const float dw = fp16_to_fp32(blk.d);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x[b].d), dot_u8_s8(unpack_nibbles(blk.qs), qx),
-                               acc[r]);
-      if constexpr (kHasMin) {
-        off[r] += fp16_to_fp32(blk.m) * x[b].s;
-      } else {
-        off[r] -= 8.0f * dw * x[b].s;
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r * out_stride] = hsum(acc[r]) + off[r];
-#else
   for (int r = 0; r < R; ++r) {
     float sum = 0.0f;
     for (int64_t b = 0; b < nb; ++b) {
@@ -79,7 +58,6 @@ void dot_q4_q8(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64_t 
     }
     out[r * out_stride] = sum + off[r];
   }
-#endif
 }
 
 template <int R>
@@ -114,86 +92,6 @@ void dot_q8_q8(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64_t 
   }
 #endif
 }
-
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-// A few tokens (a speculative verify pass, a small batch): each weight block
-// is unpacked once and applied to all T tokens; every output gets the same
-// arithmetic, in the same order, as in dot_q4_q8.
-template <typename Block, bool kHasMin, int T>
-void dot_q4_q8_tokens(const uint8_t* w, const BlockQ8Act* const* x, int64_t nb, float* out,
-                      size_t ldy) {
-  const Block* row = reinterpret_cast<const Block*>(w);
-  __m256 acc[T];
-  float off[T];
-  for (int t = 0; t < T; ++t) {
-    acc[t] = _mm256_setzero_ps();
-    off[t] = 0.0f;
-  }
-  for (int64_t b = 0; b < nb; ++b) {
-    const Block& blk = row[b];
-    const float dw = fp16_to_fp32(blk.d);
-    const __m256i q = unpack_nibbles(blk.qs);
-    for (int t = 0; t < T; ++t) {
-      const BlockQ8Act& xb = x[t][b];
-      const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q));
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb.d), dot_u8_s8(q, qx), acc[t]);
-      if constexpr (kHasMin) {
-        off[t] += fp16_to_fp32(blk.m) * xb.s;
-      } else {
-        off[t] -= 8.0f * dw * xb.s;
-      }
-    }
-  }
-  for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * ldy] = hsum(acc[t]) + off[t];
-}
-
-template <typename Block, bool kHasMin, int T>
-void q4_tile_tokens(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t nb,
-                    const BlockQ8Act* const* x, float* out, size_t ldy) {
-  for (int64_t r = 0; r < n_rows; ++r)
-    dot_q4_q8_tokens<Block, kHasMin, T>(w + r * row_bytes, x, nb, out + r, ldy);
-}
-
-// 2 to 8 tokens through dot_q4_q8_tokens; false for other counts.
-template <typename Block, bool kHasMin>
-bool q4_tile_few(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const uint8_t* acts,
-                 size_t act_stride, int64_t n_tokens, float* out, size_t ldy) {
-  if (n_tokens < 2 || n_tokens > 8) return false;
-  const BlockQ8Act* x[8];
-  for (int64_t t = 0; t < n_tokens; ++t) x[t] = act_row(acts, act_stride, t);
-  const int64_t nb = k / 32;
-  switch (n_tokens) {
-    case 2:
-      q4_tile_tokens<Block, kHasMin, 2>(w, row_bytes, n_rows, nb, x, out, ldy);
-      break;
-    case 3:
-      q4_tile_tokens<Block, kHasMin, 3>(w, row_bytes, n_rows, nb, x, out, ldy);
-      break;
-    case 4:
-      q4_tile_tokens<Block, kHasMin, 4>(w, row_bytes, n_rows, nb, x, out, ldy);
-      break;
-    case 5:
-      q4_tile_tokens<Block, kHasMin, 5>(w, row_bytes, n_rows, nb, x, out, ldy);
-      break;
-    case 6:
-      q4_tile_tokens<Block, kHasMin, 6>(w, row_bytes, n_rows, nb, x, out, ldy);
-      break;
-    case 7:
-      q4_tile_tokens<Block, kHasMin, 7>(w, row_bytes, n_rows, nb, x, out, ldy);
-      break;
-    default:
-      q4_tile_tokens<Block, kHasMin, 8>(w, row_bytes, n_rows, nb, x, out, ldy);
-      break;
-  }
-  return true;
-}
-#else
-template <typename Block, bool kHasMin>
-bool q4_tile_few(const uint8_t*, size_t, int64_t, int64_t, const uint8_t*, size_t, int64_t, float*,
-                 size_t) {
-  return false;
-}
-#endif
 
 // Runs a row kernel over a tile: rows in groups of 4, then one at a time.
 template <void (*K4)(const uint8_t*, size_t, const BlockQ8Act*, int64_t, float*, size_t),
@@ -270,15 +168,11 @@ BARATA_DOT_TILE(dot_tile_f16) {
 }
 
 BARATA_DOT_TILE(dot_tile_q4_0_q8) {
-  if (q4_tile_few<BlockQ4_0, false>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy))
-    return;
   q8_tile<dot_q4_q8<BlockQ4_0, false, 4>, dot_q4_q8<BlockQ4_0, false, 1>>(
       w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
 }
 
 BARATA_DOT_TILE(dot_tile_q4_1_q8) {
-  if (q4_tile_few<BlockQ4_1, true>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy))
-    return;
   q8_tile<dot_q4_q8<BlockQ4_1, true, 4>, dot_q4_q8<BlockQ4_1, true, 1>>(
       w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
 }

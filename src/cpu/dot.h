@@ -121,12 +121,9 @@ BARATA_DOT_TILE(dot_tile_q8_0_q8);
 #define BARATA_HAVE_BARATA_QUANT_KERNELS 1
 BARATA_DOT_TILE(dot_tile_i8_tensor_q8);  // dot_barata.cpp
 BARATA_DOT_TILE(dot_tile_i8_row_q8);
-BARATA_DOT_TILE(dot_tile_i4_tensor_q8);
 BARATA_DOT_TILE(dot_tile_i4_row_q8);
-BARATA_DOT_TILE(dot_tile_i4_g128_q8);
 BARATA_DOT_TILE(dot_tile_nf4_f32);
-BARATA_DOT_TILE(dot_tile_q5_0_q8);  // dot_kquants.cpp
-BARATA_DOT_TILE(dot_tile_q5_1_q8);
+BARATA_DOT_TILE(dot_tile_q5_1_q8);  // dot_kquants.cpp
 BARATA_DOT_TILE(dot_tile_iq4_nl_q8);
 BARATA_DOT_TILE(dot_tile_q4_k_q8);
 BARATA_DOT_TILE(dot_tile_q5_k_q8);

@@ -270,9 +270,7 @@ void dot_f32_rows(const float* const* rows, const float* x, int64_t k, float* ou
 
 BARATA_INT_TILE(dot_tile_i8_tensor_q8, false, Scale::kNone, false)
 BARATA_INT_TILE(dot_tile_i8_row_q8, false, Scale::kRowHeader, false)
-BARATA_INT_TILE(dot_tile_i4_tensor_q8, true, Scale::kNone, true)
 BARATA_INT_TILE(dot_tile_i4_row_q8, true, Scale::kRowHeader, true)
-BARATA_INT_TILE(dot_tile_i4_g128_q8, true, Scale::kGroup128, true)
 
 BARATA_DOT_TILE(dot_tile_nf4_f32) {
   const int64_t nb = k / kQKNF4;

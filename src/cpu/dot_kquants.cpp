@@ -52,18 +52,6 @@ struct Chunk {
   float scale, min;
 };
 
-struct Q5_0Dec {
-  static constexpr bool kSigned = false, kSub16 = false;
-  static Chunk decode(const uint8_t* row, int64_t b) {
-    const auto& blk = reinterpret_cast<const BlockQ5_0*>(row)[b];
-    uint32_t qh;
-    std::memcpy(&qh, blk.qh, 4);
-    const float d = fp16_to_fp32(blk.d);
-    return {_mm256_or_si256(unpack_nibbles(blk.qs), fifth_bits(qh)), _mm256_setzero_si256(), d,
-            16.0f * d};
-  }
-};
-
 struct Q5_1Dec {
   static constexpr bool kSigned = false, kSub16 = false;
   static Chunk decode(const uint8_t* row, int64_t b) {
@@ -270,9 +258,6 @@ void tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const u
 
 }  // namespace
 
-BARATA_DOT_TILE(dot_tile_q5_0_q8) {
-  tile<Q5_0Dec>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
-}
 BARATA_DOT_TILE(dot_tile_q5_1_q8) {
   tile<Q5_1Dec>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
 }
