@@ -773,13 +773,10 @@ void nf4_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t
   }
 }
 
-// ---- F16 / BF16 repacked: 16 rows interleaved ------------------------------------
-// Per group of 16 rows, weight j of the 16 rows side by side (32 bytes), so a
-// step is one widening load and, per token, one FMA with the token's x_j
-// broadcast: no horizontal sums, and one stream per group. Per row and token
-// there are two chains, over even and odd j, added at the end:
-//     a_e = fma(w_j, x_j, a_e) (j even);  a_o = fma(w_j, x_j, a_o) (j odd);  out = a_e + a_o
-// fq_tile_rows does the same on the file's rows.
+// ---- F16 / BF16 / F32 repacked: 16 rows interleaved (r16_layout.h) -------------------
+// A step is one widening load of weight j of the 16 rows and, per token, one
+// FMA with the token's x_j broadcast: no horizontal sums, and one stream per
+// group. fq_tile_rows does the same on the file's rows.
 // Element types of the float layouts: bytes per weight, 16 rows' weight j
 // widened to fp32, one weight widened.
 struct FrF16 {
@@ -807,24 +804,6 @@ struct FrF32 {
   static __m512 widen16(const uint8_t* p) { return _mm512_loadu_ps(p); }
   static float widen1(const uint8_t* row, int64_t j) { return read_f32(row + 4 * j); }
 };
-
-template <typename E>
-size_t fr_row_bytes(int64_t k) {
-  return static_cast<size_t>(k * E::kBytes);
-}
-
-template <typename E>
-void fr_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_rows, uint8_t* dst) {
-  constexpr int64_t B = E::kBytes;
-  const int64_t groups = (n_rows + 15) / 16;
-  std::memset(dst, 0, static_cast<size_t>(groups * 16 * k * B));
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t r = 0; r < 16 && g * 16 + r < n_rows; ++r) {
-      const uint8_t* row = src + (g * 16 + r) * src_row_bytes;
-      uint8_t* out = dst + static_cast<size_t>(g * 16 * k * B);
-      for (int64_t j = 0; j < k; ++j) std::memcpy(out + 16 * B * j + B * r, row + B * j, B);
-    }
-}
 
 template <typename E, int T>
 void fr_tile(const uint8_t* grp, int64_t k, const float* const* x, float* out, size_t ldy,
@@ -883,11 +862,11 @@ void fq_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
   }
 }
 
-#define BARATA_FR_KERNELS(T, name, E)                                            \
-  MatmulKernel{DType::T, name ".r16.avx512", ActFormat::kF32, fr_matmul_tile<E>, \
-               1,        fr_row_bytes<E>,    fr_repack<E>},                      \
-      MatmulKernel {                                                             \
-    DType::T, name ".f32.avx512", ActFormat::kF32, fq_tile_rows<E>, 1            \
+#define BARATA_FR_KERNELS(T, name, E)                                                     \
+  MatmulKernel{DType::T, name ".r16.avx512",      ActFormat::kF32,     fr_matmul_tile<E>, \
+               1,        fr_row_bytes<E::kBytes>, fr_repack<E::kBytes>},                  \
+      MatmulKernel {                                                                      \
+    DType::T, name ".f32.avx512", ActFormat::kF32, fq_tile_rows<E>, 1                     \
   }
 
 #define BARATA_Q_KERNEL(T, name, Dec)                                   \

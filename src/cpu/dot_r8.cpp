@@ -14,8 +14,8 @@
 // file's rows (r8_tile_rows) gives the repacked kernel's.
 //
 // Types: Q4_0, Q4_1, Q5_0 and barata's int4 group-128 and per-tensor rows
-// (codes of at most 5 bits). IQ4_NL's and Q8_0's codes are bytes up to 255,
-// whose pair sums would saturate vpmaddubsw: they keep the row kernels.
+// (codes of at most 5 bits), and F32, F16, BF16 (below). IQ4_NL's and Q8_0's codes are bytes up to
+// 255, whose pair sums would saturate vpmaddubsw: they keep the row kernels.
 #include <cstring>
 
 #include "barata/half.h"
@@ -195,6 +195,138 @@ void r8_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
   }
 }
 
+// ---- the float types on their 16-row layout (r16_layout.h) -----------------------
+// Both halves of a group at once (weight j of the 16 rows is two vectors),
+// 1 or 2 tokens per tile: 4T accumulators, the two chains per row and token
+// of the layout's contract.
+struct Fr8F16 {
+  static constexpr int64_t kBytes = 2;
+  static __m256 widen8(const uint8_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static float widen1(const uint8_t* row, int64_t j) {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * j, 2);
+    return fp16_to_fp32(h);
+  }
+};
+struct Fr8BF16 {
+  static constexpr int64_t kBytes = 2;
+  static __m256 widen8(const uint8_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  }
+  static float widen1(const uint8_t* row, int64_t j) {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * j, 2);
+    return bf16_to_fp32(h);
+  }
+};
+struct Fr8F32 {
+  static constexpr int64_t kBytes = 4;
+  static __m256 widen8(const uint8_t* p) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  }
+  static float widen1(const uint8_t* row, int64_t j) {
+    float v;
+    std::memcpy(&v, row + 4 * j, 4);
+    return v;
+  }
+};
+
+template <typename E, int T>
+void fr8_tile(const uint8_t* grp, int64_t k, const float* const* x, float* out, size_t ldy,
+              int n_valid) {
+  constexpr int64_t S = 16 * E::kBytes;  // bytes per weight index (16 rows)
+  constexpr int64_t H = 8 * E::kBytes;   // the second half's offset
+  __m256 ae[T][2], ao[T][2];
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < 2; ++h) ae[t][h] = ao[t][h] = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 2 <= k; j += 2) {
+    const char* p = reinterpret_cast<const char*>(grp + S * j);
+    _mm_prefetch(p + 4096, _MM_HINT_T0);
+    if constexpr (S == 64) _mm_prefetch(p + 4096 + 64, _MM_HINT_T0);
+    const __m256 w00 = E::widen8(grp + S * j), w01 = E::widen8(grp + S * j + H);
+    const __m256 w10 = E::widen8(grp + S * (j + 1)), w11 = E::widen8(grp + S * (j + 1) + H);
+    for (int t = 0; t < T; ++t) {
+      const __m256 x0 = _mm256_set1_ps(x[t][j]), x1 = _mm256_set1_ps(x[t][j + 1]);
+      ae[t][0] = _mm256_fmadd_ps(w00, x0, ae[t][0]);
+      ae[t][1] = _mm256_fmadd_ps(w01, x0, ae[t][1]);
+      ao[t][0] = _mm256_fmadd_ps(w10, x1, ao[t][0]);
+      ao[t][1] = _mm256_fmadd_ps(w11, x1, ao[t][1]);
+    }
+  }
+  if (j < k) {
+    const __m256 w00 = E::widen8(grp + S * j), w01 = E::widen8(grp + S * j + H);
+    for (int t = 0; t < T; ++t) {
+      const __m256 x0 = _mm256_set1_ps(x[t][j]);
+      ae[t][0] = _mm256_fmadd_ps(w00, x0, ae[t][0]);
+      ae[t][1] = _mm256_fmadd_ps(w01, x0, ae[t][1]);
+    }
+  }
+  for (int h = 0; h < 2; ++h) {
+    const int nv = std::clamp(n_valid - 8 * h, 0, 8);
+    if (nv == 0) break;
+    const __m256i m =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(nv), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int t = 0; t < T; ++t)
+      _mm256_maskstore_ps(out + static_cast<size_t>(t) * ldy + 8 * h, m,
+                          _mm256_add_ps(ae[t][h], ao[t][h]));
+  }
+}
+
+template <typename E>
+void fr8_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                     const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                     size_t ldy) {
+  for (int64_t g = 0; g * 16 < n_rows; ++g) {
+    const uint8_t* grp = w + static_cast<size_t>(g * 16) * row_bytes;
+    const int n_valid = static_cast<int>(std::min<int64_t>(16, n_rows - g * 16));
+    for (int64_t t = 0; t < n_tokens;) {
+      const float* x[2];
+      const int nt = n_tokens - t >= 2 ? 2 : 1;
+      for (int i = 0; i < nt; ++i)
+        x[i] = reinterpret_cast<const float*>(acts + (t + i) * act_stride);
+      float* o = out + g * 16 + static_cast<size_t>(t) * ldy;
+      if (nt == 2) {
+        fr8_tile<E, 2>(grp, k, x, o, ldy, n_valid);
+      } else {
+        fr8_tile<E, 1>(grp, k, x, o, ldy, n_valid);
+      }
+      t += nt;
+    }
+  }
+}
+
+// The contract on the file's rows (BARATA_REPACK=0).
+template <typename E>
+void fr8_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                   const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                   size_t ldy) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * row_bytes;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const float* x = reinterpret_cast<const float*>(acts + t * act_stride);
+      float ae = 0.0f, ao = 0.0f;
+      int64_t j = 0;
+      for (; j + 2 <= k; j += 2) {
+        ae = std::fma(E::widen1(row, j), x[j], ae);
+        ao = std::fma(E::widen1(row, j + 1), x[j + 1], ao);
+      }
+      if (j < k) ae = std::fma(E::widen1(row, j), x[j], ae);
+      out[t * ldy + r] = ae + ao;
+    }
+  }
+}
+
+#define BARATA_FR8_KERNELS(T, name, E)                                                     \
+  MatmulKernel{DType::T, name ".r8.avx2",         ActFormat::kF32,     fr8_matmul_tile<E>, \
+               1,        fr_row_bytes<E::kBytes>, fr_repack<E::kBytes>},                   \
+      MatmulKernel {                                                                       \
+    DType::T, name ".f32.avx2", ActFormat::kF32, fr8_tile_rows<E>, 1                       \
+  }
+
 #define BARATA_R8_KERNELS(T, name, K)                                        \
   MatmulKernel{DType::T, name ".r8.avx2", ActFormat::kQ8, r8_matmul_tile<K>, \
                32,       r_row_bytes<K>,  r_repack<K>},                      \
@@ -210,6 +342,9 @@ const MatmulKernel kR8Kernels[] = {
     BARATA_R8_KERNELS(Q5_0, "q5_0", RKind::kNib5),
     BARATA_R8_KERNELS(I4_TENSOR, "i4_tensor", RKind::kI4Tensor),
     BARATA_R8_KERNELS(I4_G128, "i4_g128", RKind::kI4G128),
+    BARATA_FR8_KERNELS(F32, "f32", Fr8F32),
+    BARATA_FR8_KERNELS(F16, "f16", Fr8F16),
+    BARATA_FR8_KERNELS(BF16, "bf16", Fr8BF16),
 };
 const size_t kR8KernelCount = sizeof kR8Kernels / sizeof kR8Kernels[0];
 

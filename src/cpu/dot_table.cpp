@@ -10,8 +10,10 @@ namespace {
 
 #if !defined(BARATA_HAVE_AVX512_KERNELS)
 const MatmulKernel kFast[] = {
+#if !defined(BARATA_HAVE_R8_KERNELS)  // else dot_r8.cpp's
     MatmulKernel{DType::F32, "f32.f32" BARATA_DOT_ISA, ActFormat::kF32, dot_tile_f32},
     MatmulKernel{DType::F16, "f16.f32" BARATA_DOT_ISA, ActFormat::kF32, dot_tile_f16},
+#endif
 #if !defined(BARATA_HAVE_R8_KERNELS)  // else dot_r8.cpp's
     MatmulKernel{DType::Q4_0, "q4_0.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q4_0_q8},
     MatmulKernel{DType::Q4_1, "q4_1.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q4_1_q8},

@@ -1,5 +1,5 @@
 // The 16-row interleaved layouts of the legacy block types (Q4_0, Q4_1,
-// Q5_0, IQ4_NL, Q8_0) and barata's int4 rows: their layout, arithmetic and
+// Q5_0, IQ4_NL, Q8_0), barata's int4 rows and the float types: their layout, arithmetic and
 // the load-time repacking, shared by the AVX-512 kernels (dot_avx512.cpp,
 // 16 rows per vector) and the AVX2 ones (dot_r8.cpp, each group as two
 // halves of 8 rows). Plain C++; included by a kernel file inside its ISA
@@ -152,4 +152,27 @@ void r_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_row
       }
     }
   }
+}
+
+// ---- the float types (F16, BF16, F32): 16 rows interleaved -------------------------
+// Per group of 16 rows, weight j of the 16 rows side by side (16 * B bytes).
+// Arithmetic (per row and token, from a_e = a_o = 0): two chains, over even
+// and odd j, added at the end:
+//     a_e = fma(w_j, x_j, a_e) (j even);  a_o = fma(w_j, x_j, a_o) (j odd);  out = a_e + a_o
+// with w_j widened to fp32 exactly. The kernels on the file's rows do the same.
+template <int64_t B>
+size_t fr_row_bytes(int64_t k) {
+  return static_cast<size_t>(k * B);
+}
+
+template <int64_t B>
+void fr_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_rows, uint8_t* dst) {
+  const int64_t groups = (n_rows + 15) / 16;
+  std::memset(dst, 0, static_cast<size_t>(groups * 16 * k * B));
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t r = 0; r < 16 && g * 16 + r < n_rows; ++r) {
+      const uint8_t* row = src + (g * 16 + r) * src_row_bytes;
+      uint8_t* out = dst + static_cast<size_t>(g * 16 * k * B);
+      for (int64_t j = 0; j < k; ++j) std::memcpy(out + 16 * B * j + B * r, row + B * j, B);
+    }
 }
