@@ -18,7 +18,6 @@ namespace barata::BARATA_ISA_NS {
 namespace {
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-using simd::dot_u8_s8;
 using simd::hsum;
 #endif
 
@@ -27,7 +26,7 @@ inline const BlockQ8Act* act_row(const uint8_t* acts, size_t stride, int64_t t) 
 }
 
 // Q4_0 and Q4_1 share one loop: a Q4_0 block is a Q4_1 block with min = -8d.
-// Plain C++ only: the AVX2 copy runs these types on the 8-row kernels
+// Plain C++ only (Q8_0 too): the AVX2 copy runs these types on the 8-row kernels
 // (dot_r8.cpp), the AVX-512 copy on its 16-row ones.
 // dot = sum_b (d_w d_x sum(q_w q_x) + m_w s_x), with s_x = d_x sum(q_x).
 // R rows against one activation row at a time: the activation block is loaded
@@ -65,22 +64,6 @@ void dot_q8_q8(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64_t 
                size_t out_stride) {
   const BlockQ8_0* rows[R];
   for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const BlockQ8_0*>(w + r * row_bytes);
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].q));
-    for (int r = 0; r < R; ++r) {
-      const BlockQ8_0& blk = rows[r][b];
-      _mm_prefetch(reinterpret_cast<const char*>(&blk) + R * row_bytes, _MM_HINT_T0);
-      const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
-      // maddubs wants one unsigned operand: |w| times x with w's sign.
-      const __m256 p = dot_u8_s8(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(blk.d) * x[b].d), p, acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r * out_stride] = hsum(acc[r]);
-#else
   for (int r = 0; r < R; ++r) {
     float sum = 0.0f;
     for (int64_t b = 0; b < nb; ++b) {
@@ -90,7 +73,6 @@ void dot_q8_q8(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64_t 
     }
     out[r * out_stride] = sum;
   }
-#endif
 }
 
 // Runs a row kernel over a tile: rows in groups of 4, then one at a time.

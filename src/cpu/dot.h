@@ -124,7 +124,6 @@ BARATA_DOT_TILE(dot_tile_i8_row_q8);
 BARATA_DOT_TILE(dot_tile_i4_row_q8);
 BARATA_DOT_TILE(dot_tile_nf4_f32);
 BARATA_DOT_TILE(dot_tile_q5_1_q8);  // dot_kquants.cpp
-BARATA_DOT_TILE(dot_tile_iq4_nl_q8);
 BARATA_DOT_TILE(dot_tile_q4_k_q8);
 BARATA_DOT_TILE(dot_tile_q5_k_q8);
 BARATA_DOT_TILE(dot_tile_q6_k_q8);
@@ -135,7 +134,7 @@ BARATA_DOT_TILE(dot_tile_q6_k_q8);
 // dot_r8.cpp: the 16-row interleaved layouts read as two halves of 8 rows.
 extern const MatmulKernel kR8Kernels[];
 extern const size_t kR8KernelCount;
-inline constexpr size_t kR8KernelMax = 16;
+inline constexpr size_t kR8KernelMax = 32;
 void quantize_row_q8_avx2(const float* x, BlockQ8Act* out, int64_t k);
 #endif
 

@@ -1,5 +1,6 @@
-// 8-bit-activation kernels for llama.cpp's other block types: Q5_0, Q5_1,
-// IQ4_NL (blocks of 32) and Q4_K, Q5_K, Q6_K (super-blocks of 256). Layouts:
+// 8-bit-activation kernels for llama.cpp's other block types: Q5_1 (blocks
+// of 32) and Q4_K, Q5_K, Q6_K (super-blocks of 256); Q5_0 and IQ4_NL run on
+// the 8-row kernels (dot_r8.cpp). Layouts:
 // llama.cpp ggml-common.h (b4748), as in src/dtype/kquants.cpp. AVX2 only;
 // elsewhere these types use the reference kernel.
 //
@@ -60,16 +61,6 @@ struct Q5_1Dec {
     std::memcpy(&qh, blk.qh, 4);
     return {_mm256_or_si256(unpack_nibbles(blk.qs), fifth_bits(qh)), _mm256_setzero_si256(),
             fp16_to_fp32(blk.d), -fp16_to_fp32(blk.m)};
-  }
-};
-
-struct IQ4NLDec {
-  static constexpr bool kSigned = true, kSub16 = false;
-  static Chunk decode(const uint8_t* row, int64_t b) {
-    const auto& blk = reinterpret_cast<const BlockIQ4_NL*>(row)[b];
-    const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues));
-    return {_mm256_shuffle_epi8(_mm256_set_m128i(t, t), unpack_nibbles(blk.qs)),
-            _mm256_setzero_si256(), fp16_to_fp32(blk.d), 0.0f};
   }
 };
 
@@ -260,9 +251,6 @@ void tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const u
 
 BARATA_DOT_TILE(dot_tile_q5_1_q8) {
   tile<Q5_1Dec>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
-}
-BARATA_DOT_TILE(dot_tile_iq4_nl_q8) {
-  tile<IQ4NLDec>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
 }
 BARATA_DOT_TILE(dot_tile_q4_k_q8) {
   tile<Q4_KDec>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);

@@ -14,8 +14,9 @@
 // file's rows (r8_tile_rows) gives the repacked kernel's.
 //
 // Types: Q4_0, Q4_1, Q5_0 and barata's int4 group-128 and per-tensor rows
-// (codes of at most 5 bits), and F32, F16, BF16 (below). IQ4_NL's and Q8_0's codes are bytes up to
-// 255, whose pair sums would saturate vpmaddubsw: they keep the row kernels.
+// (codes of at most 5 bits); IQ4_NL and Q8_0, whose codes are bytes up to
+// 255 (a pair sum would saturate vpmaddubsw), as two nibble dots,
+// 16 * dot(high) + dot(low), exact; and F32, F16, BF16 (below).
 #include <cstring>
 
 #include "barata/half.h"
@@ -83,7 +84,7 @@ template <RKind K, int T>
 void r8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* out, size_t ldy,
              int h, int n_valid) {
   using L = RLayout<K>;
-  static_assert(K != RKind::kByte && K != RKind::kNibTable, "codes over 5 bits saturate");
+  constexpr bool kBytes = K == RKind::kByte || K == RKind::kNibTable;  // codes up to 255
   const uint8_t* codes = grp;
   const uint8_t* dsec = codes + nb * L::kCodes;
   const uint8_t* msec = dsec + nb * L::kD;
@@ -91,6 +92,12 @@ void r8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* 
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   const __m256i low = _mm256_set1_epi8(0x0f);
+  __m256i table = _mm256_setzero_si256();
+  if constexpr (K == RKind::kNibTable) {
+    alignas(16) uint8_t tb[16];
+    for (int i = 0; i < 16; ++i) tb[i] = static_cast<uint8_t>(kIQ4NLValues[i] + 128);
+    table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(tb)));
+  }
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* c = codes + b * L::kCodes + 32 * h;
     {
@@ -101,11 +108,25 @@ void r8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* 
         _mm_prefetch(reinterpret_cast<const char*>(dsec + (b + kAhead) * L::kD), _MM_HINT_T0);
     }
     __m256i u[8];
-    for (int i = 0; i < 4; ++i) {
-      const __m256i w = load256(c + 64 * i);
-      u[2 * i] = _mm256_and_si256(w, low);
-      u[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+    if constexpr (K == RKind::kByte) {
+      for (int g = 0; g < 8; ++g) u[g] = load256(c + 64 * g);
+    } else {
+      for (int i = 0; i < 4; ++i) {
+        const __m256i w = load256(c + 64 * i);
+        u[2 * i] = _mm256_and_si256(w, low);
+        u[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+      }
     }
+    if constexpr (K == RKind::kNibTable)
+      for (int g = 0; g < 8; ++g) u[g] = _mm256_shuffle_epi8(table, u[g]);
+    // Byte codes would saturate vpmaddubsw's pair sums: split into nibbles,
+    // dot = 16 * dot(high nibbles) + dot(low nibbles), exact.
+    __m256i uh[kBytes ? 8 : 1];
+    if constexpr (kBytes)
+      for (int g = 0; g < 8; ++g) {
+        uh[g] = _mm256_and_si256(_mm256_srli_epi16(u[g], 4), low);
+        u[g] = _mm256_and_si256(u[g], low);
+      }
     if constexpr (K == RKind::kNib5) {
       const uint8_t* hb = hsec + b * L::kHigh + 4 * h;
       for (int g = 0; g < 8; ++g) u[g] = _mm256_or_si256(u[g], fifth_bits(read_u32(hb + 8 * g)));
@@ -118,7 +139,9 @@ void r8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* 
                           : _mm256_mul_ps(dv, _mm256_set1_ps(-L::kOffset));
     for (int t = 0; t < T; ++t) {
       const BlockQ8Act& xb = x[t][b];
-      const __m256 p = _mm256_cvtepi32_ps(block_dot(u, xb.q));
+      __m256i dot = block_dot(u, xb.q);
+      if constexpr (kBytes) dot = _mm256_add_epi32(_mm256_slli_epi32(block_dot(uh, xb.q), 4), dot);
+      const __m256 p = _mm256_cvtepi32_ps(dot);
       acc[t] = _mm256_fmadd_ps(p, _mm256_mul_ps(dv, _mm256_set1_ps(xb.d)), acc[t]);
       acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xb.s), acc[t]);
     }
@@ -170,7 +193,7 @@ void r8_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
                   size_t ldy) {
   const int64_t nb = k / 32;
   constexpr float kOff = RLayout<K>::kOffset;
-  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0f);
   for (int64_t r = 0; r < n_rows; ++r) {
     const uint8_t* row = w + r * row_bytes;
     for (int64_t t = 0; t < n_tokens; ++t) {
@@ -178,8 +201,17 @@ void r8_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
       float acc = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
         const RowBlock rb = row_block<K>(row, b, nb);
-        const __m256i s8 =
-            _mm256_madd_epi16(_mm256_maddubs_epi16(load256(rb.u), load256(x[b].q)), ones);
+        const __m256i u = load256(rb.u), q = load256(x[b].q);
+        __m256i s8;
+        if constexpr (K == RKind::kByte || K == RKind::kNibTable) {  // codes up to 255: nibbles
+          const __m256i lo = _mm256_and_si256(u, low);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(u, 4), low);
+          s8 = _mm256_add_epi32(
+              _mm256_slli_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(hi, q), ones), 4),
+              _mm256_madd_epi16(_mm256_maddubs_epi16(lo, q), ones));
+        } else {
+          s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), ones);
+        }
         const __m128i s4 =
             _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
         int32_t lanes[4];
@@ -340,6 +372,8 @@ const MatmulKernel kR8Kernels[] = {
     BARATA_R8_KERNELS(Q4_0, "q4_0", RKind::kNib),
     BARATA_R8_KERNELS(Q4_1, "q4_1", RKind::kNibMin),
     BARATA_R8_KERNELS(Q5_0, "q5_0", RKind::kNib5),
+    BARATA_R8_KERNELS(IQ4_NL, "iq4_nl", RKind::kNibTable),
+    BARATA_R8_KERNELS(Q8_0, "q8_0", RKind::kByte),
     BARATA_R8_KERNELS(I4_TENSOR, "i4_tensor", RKind::kI4Tensor),
     BARATA_R8_KERNELS(I4_G128, "i4_g128", RKind::kI4G128),
     BARATA_FR8_KERNELS(F32, "f32", Fr8F32),

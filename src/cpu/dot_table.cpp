@@ -18,14 +18,15 @@ const MatmulKernel kFast[] = {
     MatmulKernel{DType::Q4_0, "q4_0.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q4_0_q8},
     MatmulKernel{DType::Q4_1, "q4_1.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q4_1_q8},
 #endif
+#if !defined(BARATA_HAVE_R8_KERNELS)
     MatmulKernel{DType::Q8_0, "q8_0.q8" BARATA_DOT_ISA, ActFormat::kQ8, dot_tile_q8_0_q8},
+#endif
 #if defined(BARATA_HAVE_BARATA_QUANT_KERNELS)
     MatmulKernel{DType::I8_TENSOR, "i8_tensor.q8.avx2", ActFormat::kQ8, dot_tile_i8_tensor_q8},
     MatmulKernel{DType::I8_ROW, "i8_row.q8.avx2", ActFormat::kQ8, dot_tile_i8_row_q8},
     MatmulKernel{DType::I4_ROW, "i4_row.q8.avx2", ActFormat::kQ8, dot_tile_i4_row_q8},
     MatmulKernel{DType::NF4_B64, "nf4_b64.f32.avx2", ActFormat::kF32, dot_tile_nf4_f32},
     MatmulKernel{DType::Q5_1, "q5_1.q8.avx2", ActFormat::kQ8, dot_tile_q5_1_q8},
-    MatmulKernel{DType::IQ4_NL, "iq4_nl.q8.avx2", ActFormat::kQ8, dot_tile_iq4_nl_q8},
     MatmulKernel{DType::Q4_K, "q4_k.q8.avx2", ActFormat::kQ8, dot_tile_q4_k_q8},
     MatmulKernel{DType::Q5_K, "q5_k.q8.avx2", ActFormat::kQ8, dot_tile_q5_k_q8},
     MatmulKernel{DType::Q6_K, "q6_k.q8.avx2", ActFormat::kQ8, dot_tile_q6_k_q8},
