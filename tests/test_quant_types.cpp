@@ -312,12 +312,13 @@ TEST_P(QuantKernelsIsa, KernelsOfTheForcedIsaAreBound) {
   }
   if (GetParam() == CpuIsa::kAvx2) {
     // The 8-row kernels where the caller repacks, their file-row twins where not.
-    for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::IQ4_NL, DType::Q8_0,
-                    DType::I4_G128, DType::I4_TENSOR, DType::F16, DType::BF16, DType::F32}) {
+    for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::IQ4_NL, DType::Q8_0, DType::Q4_K,
+                    DType::Q5_K, DType::Q6_K, DType::I4_G128, DType::I4_TENSOR, DType::F16,
+                    DType::BF16, DType::F32}) {
       const bool f = t == DType::F16 || t == DType::BF16 || t == DType::F32;
-      EXPECT_STREQ(std::strchr(cpu_matmul_kernel(t, 96, CpuIsa::kAvx2, true).name, '.'),
+      EXPECT_STREQ(std::strchr(cpu_matmul_kernel(t, 256, CpuIsa::kAvx2, true).name, '.'),
                    ".r8.avx2");
-      EXPECT_STREQ(std::strchr(cpu_matmul_kernel(t, 96).name, '.'), f ? ".f32.avx2" : ".q8.avx2");
+      EXPECT_STREQ(std::strchr(cpu_matmul_kernel(t, 256).name, '.'), f ? ".f32.avx2" : ".q8.avx2");
     }
   }
 }
@@ -398,12 +399,13 @@ TEST(QuantKernels, Avx2EightRowKernelsGiveTheBitsOfTheFileLayoutAndOfAvx512) {
   if (!cpu_isa_available(CpuIsa::kAvx2))
     GTEST_SKIP() << "no avx2 kernels on this CPU or build (best here: "
                  << cpu_isa_name(cpu_best_isa()) << ")";
-  const std::vector<DType> types = {DType::Q4_0, DType::Q4_1,    DType::Q5_0,      DType::IQ4_NL,
-                                    DType::Q8_0, DType::I4_G128, DType::I4_TENSOR, DType::F16,
-                                    DType::BF16, DType::F32};
+  const std::vector<DType> types = {DType::Q4_0,    DType::Q4_1,      DType::Q5_0, DType::IQ4_NL,
+                                    DType::Q8_0,    DType::Q4_K,      DType::Q5_K, DType::Q6_K,
+                                    DType::I4_G128, DType::I4_TENSOR, DType::F16,  DType::BF16,
+                                    DType::F32};
   std::optional<CpuIsa> also;
   if (cpu_isa_available(CpuIsa::kAvx512)) also = CpuIsa::kAvx512;
-  EXPECT_EQ(check_repacked_layouts(CpuIsa::kAvx2, types, also), 10 * 4 * 8 * 7);
+  EXPECT_EQ(check_repacked_layouts(CpuIsa::kAvx2, types, also), 13 * 4 * 8 * 7);
 }
 
 // The vector activation quantizers (AVX2, AVX-512; prepare_acts uses them) give the scalar

@@ -124,9 +124,6 @@ BARATA_DOT_TILE(dot_tile_i8_row_q8);
 BARATA_DOT_TILE(dot_tile_i4_row_q8);
 BARATA_DOT_TILE(dot_tile_nf4_f32);
 BARATA_DOT_TILE(dot_tile_q5_1_q8);  // dot_kquants.cpp
-BARATA_DOT_TILE(dot_tile_q4_k_q8);
-BARATA_DOT_TILE(dot_tile_q5_k_q8);
-BARATA_DOT_TILE(dot_tile_q6_k_q8);
 #endif
 
 #if defined(BARATA_HAVE_BARATA_QUANT_KERNELS) && !defined(__AVX512F__)

@@ -415,127 +415,7 @@ void rq_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
   }
 }
 
-// ---- repacked K-quants (Q4_K, Q5_K, Q6_K) ------------------------------------------
-// The same 16-row interleaving, per block of 32 weights (a K-quant sub-block),
-// with the super-block's scales kept compact: per group and super-block of
-// 256, the 16 rows' fp16 d (and dmin) and their 6-bit sub-block scales (and
-// mins) as bytes. Per block b, row r:
-//     Q4_K / Q5_K: u = q (0..15 / 0..31), dv = float(sc) * d, mv = -(float(m) * dmin),
-//                  acc = fma(float(isum), dv * d_x, acc); acc = fma(mv, s_x, acc)
-//     Q6_K:        u = q (0..63), two sub-blocks of 16 with int8 scales sc_a, sc_b:
-//                  isum_h = sum over the half of u * x - 32 * (the half's sum of x),
-//                  acc = fma(float(isum_a), float(sc_a) * d * d_x, acc);
-//                  acc = fma(float(isum_b), float(sc_b) * d * d_x, acc)
-// kq_tile_rows does the same on the file's rows.
-enum class KKind { kQ4K, kQ5K, kQ6K };
-
-template <KKind K>
-struct KLayout {
-  static constexpr size_t kCodes = 256;  // nibble words, as the 4-bit types above
-  static constexpr size_t kHigh = K == KKind::kQ5K ? 64 : K == KKind::kQ6K ? 128 : 0;
-  // per super-block: d[16] fp16, (dmin[16] fp16), scales: Q4_K/Q5_K sc[8][16], m[8][16]; Q6_K
-  // sc[16][16]
-  static constexpr size_t kSuper = K == KKind::kQ6K ? 32 + 256 : 64 + 256;
-  static constexpr size_t kGroupPerSuper = 8 * (kCodes + kHigh) + kSuper;  // 16 rows x 256
-};
-
-// Row r's sub-block b: codes, the raw fp16 d / dmin and the integer scales.
-struct KRowBlock {
-  uint8_t u[32];
-  uint16_t d, dmin;
-  int sc_a, sc_b, m;  // Q4_K/Q5_K: sc_a and m; Q6_K: sc_a (weights 0..15), sc_b (16..31)
-};
-
-template <KKind K>
-KRowBlock k_row_block(const uint8_t* row, int64_t b) {
-  KRowBlock o{};
-  const int j = static_cast<int>(b % 8);
-  if constexpr (K == KKind::kQ6K) {
-    const BlockQ6_K& x = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
-    const int h = j / 4, jj = j % 4;
-    for (int l = 0; l < 32; ++l) {
-      const int lo = (x.ql[64 * h + 32 * (jj % 2) + l] >> (4 * (jj / 2))) & 0x0f;
-      const int hi = (x.qh[32 * h + l] >> (2 * jj)) & 0x03;
-      o.u[l] = static_cast<uint8_t>(lo | (hi << 4));
-    }
-    o.d = x.d;
-    o.sc_a = x.scales[2 * j];
-    o.sc_b = x.scales[2 * j + 1];
-  } else {
-    using Block = std::conditional_t<K == KKind::kQ4K, BlockQ4_K, BlockQ5_K>;
-    const Block& x = reinterpret_cast<const Block*>(row)[b / 8];
-    for (int l = 0; l < 32; ++l) {
-      int q = (x.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0f;
-      if constexpr (K == KKind::kQ5K) q |= ((x.qh[l] >> j) & 1) << 4;
-      o.u[l] = static_cast<uint8_t>(q);
-    }
-    o.d = x.d;
-    o.dmin = x.dmin;
-    simd::scale_min(x.scales, j, o.sc_a, o.m);
-  }
-  return o;
-}
-
-template <KKind K>
-size_t k_row_bytes(int64_t k) {
-  return static_cast<size_t>(k / 256) * KLayout<K>::kGroupPerSuper / 16;
-}
-
-template <KKind K>
-void k_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_rows, uint8_t* dst) {
-  using L = KLayout<K>;
-  const int64_t nb = k / 32, nsb = k / 256;
-  const int64_t groups = (n_rows + 15) / 16;
-  const size_t group_bytes = static_cast<size_t>(nsb) * L::kGroupPerSuper;
-  std::memset(dst, 0, static_cast<size_t>(groups) * group_bytes);
-  for (int64_t g = 0; g < groups; ++g) {
-    uint8_t* codes = dst + g * group_bytes;
-    uint8_t* high = codes + nb * L::kCodes;
-    uint8_t* super = high + nb * L::kHigh;
-    for (int64_t r = 0; r < 16 && g * 16 + r < n_rows; ++r) {
-      const uint8_t* row = src + (g * 16 + r) * src_row_bytes;
-      for (int64_t b = 0; b < nb; ++b) {
-        const KRowBlock kb = k_row_block<K>(row, b);
-        uint8_t* c = codes + b * L::kCodes;
-        for (int i = 0; i < 4; ++i)
-          for (int j = 0; j < 4; ++j)
-            c[64 * i + 4 * r + j] = static_cast<uint8_t>((kb.u[8 * i + j] & 0x0f) |
-                                                         ((kb.u[8 * i + 4 + j] & 0x0f) << 4));
-        uint8_t* h = high + b * L::kHigh;
-        for (int gi = 0; gi < 8; ++gi)
-          for (int j = 0; j < 4; ++j) {
-            const int hb = kb.u[4 * gi + j] >> 4, bit = 4 * static_cast<int>(r) + j;
-            if constexpr (K == KKind::kQ5K) {
-              if (hb) h[8 * gi + bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
-            } else if constexpr (K == KKind::kQ6K) {
-              // word gi / 4, byte 4r + j, bits 2 (gi % 4) .. + 1
-              h[64 * (gi / 4) + bit] |= static_cast<uint8_t>(hb << (2 * (gi % 4)));
-            }
-          }
-        uint8_t* sp = super + (b / 8) * L::kSuper;
-        const int sub = static_cast<int>(b % 8);
-        std::memcpy(sp + 2 * r, &kb.d, 2);
-        if constexpr (K == KKind::kQ6K) {
-          sp[32 + 16 * (2 * sub) + r] = static_cast<uint8_t>(static_cast<int8_t>(kb.sc_a));
-          sp[32 + 16 * (2 * sub + 1) + r] = static_cast<uint8_t>(static_cast<int8_t>(kb.sc_b));
-        } else {
-          std::memcpy(sp + 32 + 2 * r, &kb.dmin, 2);
-          sp[64 + 16 * sub + r] = static_cast<uint8_t>(kb.sc_a);
-          sp[64 + 128 + 16 * sub + r] = static_cast<uint8_t>(kb.m);
-        }
-      }
-    }
-  }
-}
-
-// Sums of the activation's int8 values over weights 0..15 and 16..31.
-inline void half_sums(const int8_t* q, int32_t& a, int32_t& b) {
-  const __m256i v = _mm256_xor_si256(load256(q), _mm256_set1_epi8(static_cast<char>(0x80)));
-  const __m256i sad = _mm256_sad_epu8(v, _mm256_setzero_si256());  // 4 x sum of 8 (x + 128)
-  const __m256i pair = _mm256_add_epi64(sad, _mm256_shuffle_epi32(sad, 0x4e));
-  a = _mm256_cvtsi256_si32(pair) - 16 * 128;
-  b = _mm_cvtsi128_si32(_mm256_extracti128_si256(pair, 1)) - 16 * 128;
-}
+// ---- repacked K-quants (Q4_K, Q5_K, Q6_K): layouts in r16_layout.h ---------------
 
 template <KKind K, int T>
 void k_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* out, size_t ldy,
@@ -636,13 +516,6 @@ void k_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k
       [&](auto T, const uint8_t* grp, const BlockQ8Act* const* x, float* o, int n_valid) {
         k_tile<K, decltype(T)::value>(grp, k / 32, x, o, ldy, n_valid);
       });
-}
-
-// Exact integer dot of 32 codes with 32 activation bytes, over [lo, hi).
-inline int32_t code_dot(const uint8_t* u, const int8_t* q, int lo, int hi) {
-  int32_t s = 0;
-  for (int j = lo; j < hi; ++j) s += static_cast<int32_t>(u[j]) * q[j];
-  return s;
 }
 
 template <KKind K>

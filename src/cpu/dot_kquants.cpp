@@ -1,14 +1,9 @@
-// 8-bit-activation kernels for llama.cpp's other block types: Q5_1 (blocks
-// of 32) and Q4_K, Q5_K, Q6_K (super-blocks of 256); Q5_0 and IQ4_NL run on
-// the 8-row kernels (dot_r8.cpp). Layouts:
-// llama.cpp ggml-common.h (b4748), as in src/dtype/kquants.cpp. AVX2 only;
-// elsewhere these types use the reference kernel.
-//
-// Every type is read 32 weights at a time, matching one activation block:
-// a step turns the weights into bytes, takes the exact integer dot with the
-// activation's int8 values, and adds it, scaled, to one FMA chain per row;
-// constant offsets (mins, the -16 / -32 of the 5- and 6-bit types) go through
-// the activation block's precomputed d * sum(q).
+// The AVX2 kernel for Q5_1 (blocks of 32; layout: llama.cpp ggml-common.h,
+// b4748), the one llama.cpp block type without a 16-row layout: the others
+// run on the 8-row kernels (dot_r8.cpp). A step turns 32 weights into bytes,
+// takes the exact integer dot with the activation's int8 values and adds it,
+// scaled, to one FMA chain per row; the min goes through the activation
+// block's precomputed d * sum(q).
 #include <cstring>
 
 #include "barata/half.h"
@@ -43,70 +38,21 @@ inline __m256i load32(const void* p) {
 }
 
 // ---- per-type decoders ------------------------------------------------------------
-// decode(row, b) gives chunk b (32 weights) as int8 levels q, the scale of
-// their integer dot, the constant `min` (the chunk contributes
-// scale * d_x * dot(q, x) - min * d_x * sum(x)), and for Q6_K the per-16
-// sub-scales as int16 lanes.
+// decode(row, b) gives chunk b (32 weights) as unsigned levels q, the scale
+// of their integer dot and the constant `min` (the chunk contributes
+// scale * d_x * dot(q, x) - min * d_x * sum(x)).
 struct Chunk {
   __m256i q;
-  __m256i sub;  // kSub16 types only
   float scale, min;
 };
 
 struct Q5_1Dec {
-  static constexpr bool kSigned = false, kSub16 = false;
   static Chunk decode(const uint8_t* row, int64_t b) {
     const auto& blk = reinterpret_cast<const BlockQ5_1*>(row)[b];
     uint32_t qh;
     std::memcpy(&qh, blk.qh, 4);
-    return {_mm256_or_si256(unpack_nibbles(blk.qs), fifth_bits(qh)), _mm256_setzero_si256(),
-            fp16_to_fp32(blk.d), -fp16_to_fp32(blk.m)};
-  }
-};
-
-// Q4_K and Q5_K: sub-block j of 32 takes nibbles from qs (low for even j,
-// high for odd) and, for Q5_K, a fifth bit: bit j of qh[l] for element l.
-template <typename Block, bool kFifthBit>
-struct KNibbleDec {
-  static constexpr bool kSigned = false, kSub16 = false;
-  static Chunk decode(const uint8_t* row, int64_t b) {
-    const auto& blk = reinterpret_cast<const Block*>(row)[b / 8];
-    const int j = static_cast<int>(b % 8);
-    int sc, m;
-    simd::scale_min(blk.scales, j, sc, m);
-    __m256i v = load32(blk.qs + 32 * (j / 2));
-    if (j % 2) v = _mm256_srli_epi16(v, 4);
-    __m256i u = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
-    if constexpr (kFifthBit) {
-      const __m256i h = _mm256_and_si256(_mm256_srl_epi16(load32(blk.qh), _mm_cvtsi32_si128(j)),
-                                         _mm256_set1_epi8(0x01));
-      u = _mm256_or_si256(u, _mm256_slli_epi16(h, 4));
-    }
-    return {u, _mm256_setzero_si256(), fp16_to_fp32(blk.d) * static_cast<float>(sc),
-            fp16_to_fp32(blk.dmin) * static_cast<float>(m)};
-  }
-};
-using Q4_KDec = KNibbleDec<BlockQ4_K, false>;
-using Q5_KDec = KNibbleDec<BlockQ5_K, true>;
-
-struct Q6_KDec {
-  static constexpr bool kSigned = true, kSub16 = true;
-  static Chunk decode(const uint8_t* row, int64_t b) {
-    const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
-    const int bb = static_cast<int>(b % 8), h = bb / 4, j = bb % 4;
-    // low 4 bits: ql[64h + 32(j%2) + l] >> 4(j/2); high 2: qh[32h + l] >> 2j
-    __m256i lo = load32(blk.ql + 64 * h + 32 * (j % 2));
-    if (j / 2) lo = _mm256_srli_epi16(lo, 4);
-    lo = _mm256_and_si256(lo, _mm256_set1_epi8(0x0f));
-    const __m256i hi =
-        _mm256_and_si256(_mm256_srl_epi16(load32(blk.qh + 32 * h), _mm_cvtsi32_si128(2 * j)),
-                         _mm256_set1_epi8(0x03));
-    const __m256i w = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)),
-                                      _mm256_set1_epi8(32));  // -32..31
-    // int16 lanes 0..7 of the products hold elements 0..15 (scale 2bb), 8..15 the rest.
-    const int16_t s0 = blk.scales[2 * bb], s1 = blk.scales[2 * bb + 1];
-    return {w, _mm256_setr_epi16(s0, s0, s0, s0, s0, s0, s0, s0, s1, s1, s1, s1, s1, s1, s1, s1),
-            fp16_to_fp32(blk.d), 0.0f};
+    return {_mm256_or_si256(unpack_nibbles(blk.qs), fifth_bits(qh)), fp16_to_fp32(blk.d),
+            -fp16_to_fp32(blk.m)};
   }
 };
 
@@ -114,10 +60,7 @@ struct Q6_KDec {
 template <typename Dec>
 inline __m256 apply(const Chunk& c, const BlockQ8Act& x, __m256 acc, float& off) {
   const __m256i xq = load32(x.q);
-  const __m256i p16 =
-      Dec::kSigned ? _mm256_maddubs_epi16(_mm256_sign_epi8(c.q, c.q), _mm256_sign_epi8(xq, c.q))
-                   : _mm256_maddubs_epi16(c.q, xq);
-  const __m256i p32 = _mm256_madd_epi16(p16, Dec::kSub16 ? c.sub : _mm256_set1_epi16(1));
+  const __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(c.q, xq), _mm256_set1_epi16(1));
   off -= c.min * x.s;
   return _mm256_fmadd_ps(_mm256_set1_ps(c.scale * x.d), _mm256_cvtepi32_ps(p32), acc);
 }
@@ -251,15 +194,6 @@ void tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const u
 
 BARATA_DOT_TILE(dot_tile_q5_1_q8) {
   tile<Q5_1Dec>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
-}
-BARATA_DOT_TILE(dot_tile_q4_k_q8) {
-  tile<Q4_KDec>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
-}
-BARATA_DOT_TILE(dot_tile_q5_k_q8) {
-  tile<Q5_KDec>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
-}
-BARATA_DOT_TILE(dot_tile_q6_k_q8) {
-  tile<Q6_KDec>(w, row_bytes, n_rows, k, acts, act_stride, n_tokens, out, ldy);
 }
 
 }  // namespace barata::BARATA_ISA_NS

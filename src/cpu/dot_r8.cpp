@@ -22,6 +22,7 @@
 #include "barata/half.h"
 #include "barata/quant_blocks.h"
 #include "dot.h"
+#include "simd.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && \
     !defined(BARATA_HAVE_AVX512_KERNELS)
@@ -39,11 +40,11 @@ inline uint32_t read_u32(const void* p) {
   return v;
 }
 
-#include "r16_layout.h"  // IWYU pragma: keep (inside the ISA namespace)
-
 inline __m256i load256(const void* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
+
+#include "r16_layout.h"  // IWYU pragma: keep (inside the ISA namespace)
 inline __m256i bcast4(const int8_t* q) {
   return _mm256_set1_epi32(static_cast<int>(read_u32(q)));
 }
@@ -77,6 +78,18 @@ inline __m256i block_dot(const __m256i u[8], const int8_t* q) {
 }
 
 constexpr int64_t kAheadBytes = BARATA_R_AHEAD;
+
+// out[t * ldy + r] = acc[t][r] for r < n_valid (at most 8).
+template <int T>
+void store8(float* out, size_t ldy, const __m256 (&acc)[T], int n_valid) {
+  if (n_valid == 8) {
+    for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + static_cast<size_t>(t) * ldy, acc[t]);
+  } else {
+    const __m256i m =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n_valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int t = 0; t < T; ++t) _mm256_maskstore_ps(out + static_cast<size_t>(t) * ldy, m, acc[t]);
+  }
+}
 
 // T tokens against half `h` (rows 8h .. 8h + 7) of one 16-row group;
 // out[t * ldy + r] for r < n_valid.
@@ -146,20 +159,14 @@ void r8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* 
       acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xb.s), acc[t]);
     }
   }
-  if (n_valid == 8) {
-    for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + static_cast<size_t>(t) * ldy, acc[t]);
-  } else {
-    const __m256i m =
-        _mm256_cmpgt_epi32(_mm256_set1_epi32(n_valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    for (int t = 0; t < T; ++t) _mm256_maskstore_ps(out + static_cast<size_t>(t) * ldy, m, acc[t]);
-  }
+  store8(out, ldy, acc, n_valid);
 }
 
-template <RKind K>
-void r8_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
-                    const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
-                    size_t ldy) {
-  const int64_t nb = k / 32;
+// Runs tile(T, group, half, x, out, n_valid) over the 8-row halves of the
+// 16-row groups and the tokens, 4, 2 or 1 at a time (T an integral_constant).
+template <typename Tile>
+void over_halves(const uint8_t* w, size_t row_bytes, int64_t n_rows, const uint8_t* acts,
+                 size_t act_stride, int64_t n_tokens, float* out, size_t ldy, const Tile& tile) {
   for (int64_t g = 0; g * 16 < n_rows; ++g) {
     const uint8_t* grp = w + static_cast<size_t>(g * 16) * row_bytes;
     for (int h = 0; h < 2; ++h) {
@@ -173,16 +180,26 @@ void r8_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t 
           x[i] = reinterpret_cast<const BlockQ8Act*>(acts + (t + i) * act_stride);
         float* o = out + g * 16 + 8 * h + static_cast<size_t>(t) * ldy;
         if (nt == 4) {
-          r8_tile<K, 4>(grp, nb, x, o, ldy, h, n_valid);
+          tile(std::integral_constant<int, 4>{}, grp, h, x, o, n_valid);
         } else if (nt == 2) {
-          r8_tile<K, 2>(grp, nb, x, o, ldy, h, n_valid);
+          tile(std::integral_constant<int, 2>{}, grp, h, x, o, n_valid);
         } else {
-          r8_tile<K, 1>(grp, nb, x, o, ldy, h, n_valid);
+          tile(std::integral_constant<int, 1>{}, grp, h, x, o, n_valid);
         }
         t += nt;
       }
     }
   }
+}
+
+template <RKind K>
+void r8_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                    const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                    size_t ldy) {
+  over_halves(w, row_bytes, n_rows, acts, act_stride, n_tokens, out, ldy,
+              [&](auto T, const uint8_t* grp, int h, const BlockQ8Act* const* x, float* o, int nv) {
+                r8_tile<K, decltype(T)::value>(grp, k / 32, x, o, ldy, h, nv);
+              });
 }
 
 // The same arithmetic on the file's rows, one row and token at a time
@@ -226,6 +243,151 @@ void r8_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
     }
   }
 }
+
+// ---- the K-quants on their 16-row layout (r16_layout.h) -------------------------
+// Half h of a group, T tokens; the float steps are the AVX-512 k_tile's.
+// Q6_K's codes reach 63: a pair sum is at most 2 * 63 * 127 = 16002, so two
+// vpmaddubsw results are added in int16 before each vpmaddwd.
+template <KKind K, int T>
+void k8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* out, size_t ldy,
+             int h, int n_valid) {
+  using L = KLayout<K>;
+  const uint8_t* codes = grp;
+  const uint8_t* high = codes + nb * L::kCodes;
+  const uint8_t* super = high + nb * L::kHigh;
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  const __m256 neg = _mm256_set1_ps(-0.0f);
+  __m256 dvec = _mm256_setzero_ps(), dminv = _mm256_setzero_ps();
+  auto half8 = [&](const uint8_t* p) {  // 8 fp16 of this half
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
+  };
+  auto scale = [&](const uint8_t* bytes, bool is_signed) {  // 8 bytes of this half
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + 8 * h));
+    return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
+  };
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* sp = super + (b / 8) * L::kSuper;
+    const int sub = static_cast<int>(b % 8);
+    if (sub == 0) {
+      dvec = half8(sp);
+      if constexpr (K != KKind::kQ6K) dminv = half8(sp + 32);
+    }
+    const uint8_t* c = codes + b * L::kCodes + 32 * h;
+    {
+      constexpr int64_t kAhead = kAheadBytes / static_cast<int64_t>(L::kCodes + L::kHigh);
+      for (size_t i = 0; i < L::kCodes; i += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(c) + kAhead * L::kCodes + i, _MM_HINT_T0);
+      for (size_t i = 0; i < L::kHigh; i += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(high + (b + kAhead) * L::kHigh + i),
+                     _MM_HINT_T0);
+    }
+    __m256i u[8];
+    for (int i = 0; i < 4; ++i) {
+      const __m256i w = load256(c + 64 * i);
+      u[2 * i] = _mm256_and_si256(w, low);
+      u[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+    }
+    const uint8_t* hp = high + b * L::kHigh;
+    if constexpr (K == KKind::kQ5K) {
+      for (int g = 0; g < 8; ++g)
+        u[g] = _mm256_or_si256(u[g], fifth_bits(read_u32(hp + 8 * g + 4 * h)));
+    } else if constexpr (K == KKind::kQ6K) {
+      const __m256i three = _mm256_set1_epi8(0x03);
+      for (int hw = 0; hw < 2; ++hw) {
+        const __m256i w = load256(hp + 64 * hw + 32 * h);
+        for (int s = 0; s < 4; ++s) {
+          const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(w, 2 * s), three);
+          u[4 * hw + s] = _mm256_or_si256(u[4 * hw + s], _mm256_slli_epi16(hb, 4));
+        }
+      }
+    }
+    if constexpr (K == KKind::kQ6K) {
+      const __m256 dva = _mm256_mul_ps(scale(sp + 32 + 16 * (2 * sub), true), dvec);
+      const __m256 dvb = _mm256_mul_ps(scale(sp + 32 + 16 * (2 * sub + 1), true), dvec);
+      for (int t = 0; t < T; ++t) {
+        const BlockQ8Act& xb = x[t][b];
+        int32_t sa, sb;
+        half_sums(xb.q, sa, sb);
+        auto pair = [&](int g) {
+          return _mm256_madd_epi16(
+              _mm256_add_epi16(_mm256_maddubs_epi16(u[g], bcast4(xb.q + 4 * g)),
+                               _mm256_maddubs_epi16(u[g + 1], bcast4(xb.q + 4 * g + 4))),
+              ones);
+        };
+        const __m256i ia =
+            _mm256_add_epi32(_mm256_add_epi32(pair(0), pair(2)), _mm256_set1_epi32(-32 * sa));
+        const __m256i ib =
+            _mm256_add_epi32(_mm256_add_epi32(pair(4), pair(6)), _mm256_set1_epi32(-32 * sb));
+        const __m256 dx = _mm256_set1_ps(xb.d);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(dva, dx), acc[t]);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), _mm256_mul_ps(dvb, dx), acc[t]);
+      }
+    } else {
+      const __m256 dv = _mm256_mul_ps(scale(sp + 64 + 16 * sub, false), dvec);
+      const __m256 mv =
+          _mm256_xor_ps(_mm256_mul_ps(scale(sp + 64 + 128 + 16 * sub, false), dminv), neg);
+      for (int t = 0; t < T; ++t) {
+        const BlockQ8Act& xb = x[t][b];
+        const __m256 p = _mm256_cvtepi32_ps(block_dot(u, xb.q));
+        acc[t] = _mm256_fmadd_ps(p, _mm256_mul_ps(dv, _mm256_set1_ps(xb.d)), acc[t]);
+        acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xb.s), acc[t]);
+      }
+    }
+  }
+  store8(out, ldy, acc, n_valid);
+}
+
+// The same on the file's rows (BARATA_REPACK=0).
+template <KKind K>
+void k8_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                  const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                  size_t ldy) {
+  const int64_t nb = k / 32;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * row_bytes;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const auto* x = reinterpret_cast<const BlockQ8Act*>(acts + t * act_stride);
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const KRowBlock kb = k_row_block<K>(row, b);
+        const float d = fp16_to_fp32(kb.d);
+        if constexpr (K == KKind::kQ6K) {
+          int32_t sa, sb;
+          half_sums(x[b].q, sa, sb);
+          const int32_t ia = code_dot(kb.u, x[b].q, 0, 16) - 32 * sa;
+          const int32_t ib = code_dot(kb.u, x[b].q, 16, 32) - 32 * sb;
+          acc = std::fma(static_cast<float>(ia), static_cast<float>(kb.sc_a) * d * x[b].d, acc);
+          acc = std::fma(static_cast<float>(ib), static_cast<float>(kb.sc_b) * d * x[b].d, acc);
+        } else {
+          const float dv = static_cast<float>(kb.sc_a) * d;
+          const float mv = -(static_cast<float>(kb.m) * fp16_to_fp32(kb.dmin));
+          acc = std::fma(static_cast<float>(code_dot(kb.u, x[b].q, 0, 32)), dv * x[b].d, acc);
+          acc = std::fma(mv, x[b].s, acc);
+        }
+      }
+      out[t * ldy + r] = acc;
+    }
+  }
+}
+
+template <KKind K>
+void k8_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
+                    const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
+                    size_t ldy) {
+  over_halves(w, row_bytes, n_rows, acts, act_stride, n_tokens, out, ldy,
+              [&](auto T, const uint8_t* grp, int h, const BlockQ8Act* const* x, float* o, int nv) {
+                k8_tile<K, decltype(T)::value>(grp, k / 32, x, o, ldy, h, nv);
+              });
+}
+
+#define BARATA_K8_KERNELS(T, name, K)                                        \
+  MatmulKernel{DType::T, name ".r8.avx2", ActFormat::kQ8, k8_matmul_tile<K>, \
+               256,      k_row_bytes<K>,  k_repack<K>},                      \
+      MatmulKernel {                                                         \
+    DType::T, name ".q8.avx2", ActFormat::kQ8, k8_tile_rows<K>, 256          \
+  }
 
 // ---- the float types on their 16-row layout (r16_layout.h) -----------------------
 // Both halves of a group at once (weight j of the 16 rows is two vectors),
@@ -376,6 +538,9 @@ const MatmulKernel kR8Kernels[] = {
     BARATA_R8_KERNELS(Q8_0, "q8_0", RKind::kByte),
     BARATA_R8_KERNELS(I4_TENSOR, "i4_tensor", RKind::kI4Tensor),
     BARATA_R8_KERNELS(I4_G128, "i4_g128", RKind::kI4G128),
+    BARATA_K8_KERNELS(Q4_K, "q4_k", KKind::kQ4K),
+    BARATA_K8_KERNELS(Q5_K, "q5_k", KKind::kQ5K),
+    BARATA_K8_KERNELS(Q6_K, "q6_k", KKind::kQ6K),
     BARATA_FR8_KERNELS(F32, "f32", Fr8F32),
     BARATA_FR8_KERNELS(F16, "f16", Fr8F16),
     BARATA_FR8_KERNELS(BF16, "bf16", Fr8BF16),

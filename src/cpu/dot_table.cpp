@@ -27,9 +27,6 @@ const MatmulKernel kFast[] = {
     MatmulKernel{DType::I4_ROW, "i4_row.q8.avx2", ActFormat::kQ8, dot_tile_i4_row_q8},
     MatmulKernel{DType::NF4_B64, "nf4_b64.f32.avx2", ActFormat::kF32, dot_tile_nf4_f32},
     MatmulKernel{DType::Q5_1, "q5_1.q8.avx2", ActFormat::kQ8, dot_tile_q5_1_q8},
-    MatmulKernel{DType::Q4_K, "q4_k.q8.avx2", ActFormat::kQ8, dot_tile_q4_k_q8},
-    MatmulKernel{DType::Q5_K, "q5_k.q8.avx2", ActFormat::kQ8, dot_tile_q5_k_q8},
-    MatmulKernel{DType::Q6_K, "q6_k.q8.avx2", ActFormat::kQ8, dot_tile_q6_k_q8},
 #endif
 };
 #endif
