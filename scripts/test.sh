@@ -44,7 +44,7 @@ for c in cases:
         gpu = c.get("name", "").startswith("Cuda") or re.search(r"\b(CUDA|GPU|driver)\b", reason, re.I)
         # A kernel test of an instruction set this CPU lacks (AVX-512 on an
         # AVX2 machine): the tests name the CPU's best ISA ("best here: ...").
-        isa = re.search(r"\(best here: (scalar|avx2|avx512)\)", reason)
+        isa = re.search(r"\(best here: (scalar|avx2|avxvnni|avx512)\)", reason)
         skips.append((c.get("name", "?"), "gpu" if gpu else "isa" if isa else "other", reason))
     elif c.find("failure") is not None or c.find("error") is not None or c.get("status") == "fail":
         failed += 1

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
-#include <optional>
+#include <functional>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -327,8 +327,11 @@ TEST_P(QuantKernelsIsa, KernelsOfTheForcedIsaAreBound) {
 // bits as the same ISA's kernel on the file's rows, for every shape, row
 // counts that are not whole groups of 16 included. With `also`, the repacked
 // kernel of that ISA gives the same bits too. Returns the cases checked.
+// A repacking kernel for (type, k), or null where the source has none.
+using RepackedKernelFor = std::function<const MatmulKernel*(DType, int64_t)>;
+
 int check_repacked_layouts(CpuIsa isa, const std::vector<DType>& types,
-                           std::optional<CpuIsa> also = std::nullopt) {
+                           std::vector<RepackedKernelFor> also = {}) {
   const CpuIsa saved = cpu_isa();
   set_cpu_isa(isa);
   ThreadPool pool(2);
@@ -356,11 +359,14 @@ int check_repacked_layouts(CpuIsa isa, const std::vector<DType>& types,
           prepare_acts(pool, plain.kernel->act, x.data(), n_tok, k, acts);
           std::vector<float> y0(static_cast<size_t>(n_tok * n_rows), -1.0f);
           matmul(pool, plain, acts, y0.data(), n_rows);
-          std::vector<CpuIsa> packs = {isa};
-          if (also) packs.push_back(*also);
-          for (CpuIsa p : packs) {
+          std::vector<RepackedKernelFor> packs = {
+              [isa](DType ty, int64_t kk) { return &cpu_matmul_kernel(ty, kk, isa, true); }};
+          packs.insert(packs.end(), also.begin(), also.end());
+          for (const RepackedKernelFor& p : packs) {
             WeightView packed = plain;
-            packed.kernel = &cpu_matmul_kernel(t, k, p, true);
+            packed.kernel = p(t, k);
+            EXPECT_NE(packed.kernel, nullptr) << dtype_name(t);
+            if (packed.kernel == nullptr) return n_checked;
             EXPECT_NE(packed.kernel->repack, nullptr) << packed.kernel->name;
             if (packed.kernel->repack == nullptr) return n_checked;
             RepackArena copy;
@@ -394,7 +400,8 @@ TEST(QuantKernels, RepackedLayoutsGiveTheBitsOfTheFileLayout) {
 
 // The AVX2 kernels on the same layouts (two halves of 8 rows): the bits of
 // the AVX2 kernel on the file's rows, and, where the CPU has AVX-512, of the
-// AVX-512 kernel on the layout (one arithmetic contract for both ISAs).
+// AVX-512 kernel on the layout (one arithmetic contract for both ISAs) and of
+// the avxvnni copy's code (built on EVEX vpdpbusd there).
 TEST(QuantKernels, Avx2EightRowKernelsGiveTheBitsOfTheFileLayoutAndOfAvx512) {
   if (!cpu_isa_available(CpuIsa::kAvx2))
     GTEST_SKIP() << "no avx2 kernels on this CPU or build (best here: "
@@ -403,8 +410,19 @@ TEST(QuantKernels, Avx2EightRowKernelsGiveTheBitsOfTheFileLayoutAndOfAvx512) {
                                     DType::Q8_0,    DType::Q4_K,      DType::Q5_K, DType::Q6_K,
                                     DType::I4_G128, DType::I4_TENSOR, DType::F16,  DType::BF16,
                                     DType::F32};
-  std::optional<CpuIsa> also;
-  if (cpu_isa_available(CpuIsa::kAvx512)) also = CpuIsa::kAvx512;
+  std::vector<RepackedKernelFor> also;
+  if (cpu_isa_available(CpuIsa::kAvx512)) {
+    also.emplace_back(
+        [](DType t, int64_t k) { return &cpu_matmul_kernel(t, k, CpuIsa::kAvx512, true); });
+    // The avxvnni copy's arithmetic (vpdpbusd on 256 bits), built with the
+    // EVEX encoding in the avx512 copy: AVX-VNNI itself is on no machine here.
+    also.emplace_back([](DType t, int64_t) -> const MatmulKernel* {
+      const CpuKernelSet& s = cpu_kernel_set(CpuIsa::kAvx512);
+      for (size_t i = 0; i < s.n_r8_vnni; ++i)
+        if (s.r8_vnni[i].type == t && s.r8_vnni[i].repack != nullptr) return &s.r8_vnni[i];
+      return nullptr;
+    });
+  }
   EXPECT_EQ(check_repacked_layouts(CpuIsa::kAvx2, types, also), 13 * 4 * 8 * 7);
 }
 

@@ -40,7 +40,7 @@ inline constexpr int64_t kAttnMaxQueries = 64;
 // What one ISA's copy provides. Null entries (and types missing from
 // `matmul`) fall through to the next lower ISA's set, then to the reference.
 struct CpuKernelSet {
-  const char* isa;             // "scalar", "avx2", "avx512"
+  const char* isa;             // "scalar", "avx2", "avxvnni", "avx512"
   const MatmulKernel* matmul;  // fast kernels of this ISA
   size_t n_matmul;
   float (*dot_f32)(const float* a, const float* b, int64_t k);
@@ -56,12 +56,20 @@ struct CpuKernelSet {
   // gate = act(gate) * up: SiLU and GELU (tanh form).
   void (*swiglu)(float* gate, const float* up, int64_t n) = nullptr;
   void (*geglu)(float* gate, const float* up, int64_t n) = nullptr;
+  // The avx512 copy only: the avxvnni copy's 8-row kernels built with the EVEX
+  // encoding of the 256-bit vpdpbusd, so that tests run their arithmetic on
+  // the AVX-512 machines (none here has AVX-VNNI). Never bound to weights.
+  const MatmulKernel* r8_vnni = nullptr;
+  size_t n_r8_vnni = 0;
 };
 
 namespace isa_scalar {
 const CpuKernelSet& kernel_set();
 }
 namespace isa_avx2 {
+const CpuKernelSet& kernel_set();
+}
+namespace isa_avxvnni {
 const CpuKernelSet& kernel_set();
 }
 namespace isa_avx512 {
@@ -126,9 +134,12 @@ BARATA_DOT_TILE(dot_tile_nf4_f32);
 BARATA_DOT_TILE(dot_tile_q5_1_q8);  // dot_kquants.cpp
 #endif
 
-#if defined(BARATA_HAVE_BARATA_QUANT_KERNELS) && !defined(__AVX512F__)
+#if defined(BARATA_HAVE_BARATA_QUANT_KERNELS)
+#if !defined(__AVX512F__)
 #define BARATA_HAVE_R8_KERNELS 1
-// dot_r8.cpp: the 16-row interleaved layouts read as two halves of 8 rows.
+#endif
+// dot_r8.cpp: the 16-row interleaved layouts read as two halves of 8 rows
+// (in the avx512 copy: the avxvnni copy's code on EVEX vpdpbusd, for tests).
 extern const MatmulKernel kR8Kernels[];
 extern const size_t kR8KernelCount;
 inline constexpr size_t kR8KernelMax = 32;

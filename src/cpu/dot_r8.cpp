@@ -24,8 +24,7 @@
 #include "dot.h"
 #include "simd.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && \
-    !defined(BARATA_HAVE_AVX512_KERNELS)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -61,9 +60,45 @@ inline __m256i fifth_bits(uint32_t bits) {
                           _mm256_set1_epi8(16));
 }
 
+// The copy with AVX-VNNI (the avxvnni ISA: Zen 5, Intel client cores) has the
+// 256-bit vpdpbusd: u8 x s8 products summed in int32 lanes, no saturation.
+// The avx512 copy builds the same code with the EVEX encoding of that
+// instruction (AVX-512 VL + VNNI) as a check table only (CpuKernelSet::
+// r8_vnni): no machine here has AVX-VNNI, and this way its arithmetic runs in
+// the tests wherever AVX-512 does.
+#if defined(__AVXVNNI__)
+#define BARATA_R8_VNNI 1
+#define BARATA_DPBUSD _mm256_dpbusd_avx_epi32
+#define BARATA_R8_ISA ".avxvnni"
+#elif defined(BARATA_HAVE_AVX512_KERNELS)
+#define BARATA_R8_VNNI 1
+#define BARATA_DPBUSD _mm256_dpbusd_epi32
+#define BARATA_R8_ISA ".vnni256.avx512"
+#else
+#define BARATA_R8_ISA ".avx2"
+#endif
+#if defined(BARATA_R8_VNNI)
+constexpr bool kVnni = true;
+#else
+constexpr bool kVnni = false;
+#endif
+
 // The exact sum over one block of each row's codes times the token's
-// activations: int32 lane r = sum_j u[r][j] * q[j].
-inline __m256i block_dot(const __m256i u[8], const int8_t* q) {
+// activations, starting from `init`: int32 lane r = init + sum_j u[r][j] * q[j].
+// Without VNNI the codes must be at most 31 (pair sums in int16).
+inline __m256i block_dot(const __m256i u[8], const int8_t* q,
+                         __m256i init = _mm256_setzero_si256()) {
+#if defined(BARATA_R8_VNNI)
+  __m256i a = BARATA_DPBUSD(init, u[0], bcast4(q));
+  __m256i b = BARATA_DPBUSD(_mm256_setzero_si256(), u[1], bcast4(q + 4));
+  a = BARATA_DPBUSD(a, u[2], bcast4(q + 8));
+  b = BARATA_DPBUSD(b, u[3], bcast4(q + 12));
+  a = BARATA_DPBUSD(a, u[4], bcast4(q + 16));
+  b = BARATA_DPBUSD(b, u[5], bcast4(q + 20));
+  a = BARATA_DPBUSD(a, u[6], bcast4(q + 24));
+  b = BARATA_DPBUSD(b, u[7], bcast4(q + 28));
+  return _mm256_add_epi32(a, b);
+#else
   const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast4(q)),
                                        _mm256_maddubs_epi16(u[1], bcast4(q + 4)));
   const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(q + 8)),
@@ -73,8 +108,32 @@ inline __m256i block_dot(const __m256i u[8], const int8_t* q) {
   const __m256i s67 = _mm256_add_epi16(_mm256_maddubs_epi16(u[6], bcast4(q + 24)),
                                        _mm256_maddubs_epi16(u[7], bcast4(q + 28)));
   const __m256i ones = _mm256_set1_epi16(1);
-  return _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(s01, s23), ones),
-                          _mm256_madd_epi16(_mm256_add_epi16(s45, s67), ones));
+  return _mm256_add_epi32(
+      _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(s01, s23), ones), init),
+      _mm256_madd_epi16(_mm256_add_epi16(s45, s67), ones));
+#endif
+}
+
+// The same over 16 weights (groups g0 .. g0 + 3), for Q6_K's half-blocks: its
+// 6-bit codes give pair sums up to 16002, so two add in int16.
+inline __m256i half_block_dot(const __m256i* u, const int8_t* q, __m256i init) {
+#if defined(BARATA_R8_VNNI)
+  __m256i a = BARATA_DPBUSD(init, u[0], bcast4(q));
+  __m256i b = BARATA_DPBUSD(_mm256_setzero_si256(), u[1], bcast4(q + 4));
+  a = BARATA_DPBUSD(a, u[2], bcast4(q + 8));
+  b = BARATA_DPBUSD(b, u[3], bcast4(q + 12));
+  return _mm256_add_epi32(a, b);
+#else
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i p01 = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast4(q)),
+                                                         _mm256_maddubs_epi16(u[1], bcast4(q + 4))),
+                                        ones);
+  const __m256i p23 =
+      _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(q + 8)),
+                                         _mm256_maddubs_epi16(u[3], bcast4(q + 12))),
+                        ones);
+  return _mm256_add_epi32(_mm256_add_epi32(p01, p23), init);
+#endif
 }
 
 constexpr int64_t kAheadBytes = BARATA_R_AHEAD;
@@ -97,7 +156,8 @@ template <RKind K, int T>
 void r8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* out, size_t ldy,
              int h, int n_valid) {
   using L = RLayout<K>;
-  constexpr bool kBytes = K == RKind::kByte || K == RKind::kNibTable;  // codes up to 255
+  // Codes up to 255: without VNNI, split into nibbles (vpmaddubsw would saturate).
+  constexpr bool kBytes = (K == RKind::kByte || K == RKind::kNibTable) && !kVnni;
   const uint8_t* codes = grp;
   const uint8_t* dsec = codes + nb * L::kCodes;
   const uint8_t* msec = dsec + nb * L::kD;
@@ -257,7 +317,7 @@ void k8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* 
   const uint8_t* super = high + nb * L::kHigh;
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-  const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  const __m256i low = _mm256_set1_epi8(0x0f);
   const __m256 neg = _mm256_set1_ps(-0.0f);
   __m256 dvec = _mm256_setzero_ps(), dminv = _mm256_setzero_ps();
   auto half8 = [&](const uint8_t* p) {  // 8 fp16 of this half
@@ -310,16 +370,8 @@ void k8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* 
         const BlockQ8Act& xb = x[t][b];
         int32_t sa, sb;
         half_sums(xb.q, sa, sb);
-        auto pair = [&](int g) {
-          return _mm256_madd_epi16(
-              _mm256_add_epi16(_mm256_maddubs_epi16(u[g], bcast4(xb.q + 4 * g)),
-                               _mm256_maddubs_epi16(u[g + 1], bcast4(xb.q + 4 * g + 4))),
-              ones);
-        };
-        const __m256i ia =
-            _mm256_add_epi32(_mm256_add_epi32(pair(0), pair(2)), _mm256_set1_epi32(-32 * sa));
-        const __m256i ib =
-            _mm256_add_epi32(_mm256_add_epi32(pair(4), pair(6)), _mm256_set1_epi32(-32 * sb));
+        const __m256i ia = half_block_dot(u, xb.q, _mm256_set1_epi32(-32 * sa));
+        const __m256i ib = half_block_dot(u + 4, xb.q + 16, _mm256_set1_epi32(-32 * sb));
         const __m256 dx = _mm256_set1_ps(xb.d);
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(dva, dx), acc[t]);
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), _mm256_mul_ps(dvb, dx), acc[t]);
@@ -382,11 +434,11 @@ void k8_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t 
               });
 }
 
-#define BARATA_K8_KERNELS(T, name, K)                                        \
-  MatmulKernel{DType::T, name ".r8.avx2", ActFormat::kQ8, k8_matmul_tile<K>, \
-               256,      k_row_bytes<K>,  k_repack<K>},                      \
-      MatmulKernel {                                                         \
-    DType::T, name ".q8.avx2", ActFormat::kQ8, k8_tile_rows<K>, 256          \
+#define BARATA_K8_KERNELS(T, name, K)                                                 \
+  MatmulKernel{DType::T, name ".r8" BARATA_R8_ISA, ActFormat::kQ8, k8_matmul_tile<K>, \
+               256,      k_row_bytes<K>,           k_repack<K>},                      \
+      MatmulKernel {                                                                  \
+    DType::T, name ".q8" BARATA_R8_ISA, ActFormat::kQ8, k8_tile_rows<K>, 256          \
   }
 
 // ---- the float types on their 16-row layout (r16_layout.h) -----------------------
@@ -514,18 +566,18 @@ void fr8_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k
   }
 }
 
-#define BARATA_FR8_KERNELS(T, name, E)                                                     \
-  MatmulKernel{DType::T, name ".r8.avx2",         ActFormat::kF32,     fr8_matmul_tile<E>, \
-               1,        fr_row_bytes<E::kBytes>, fr_repack<E::kBytes>},                   \
-      MatmulKernel {                                                                       \
-    DType::T, name ".f32.avx2", ActFormat::kF32, fr8_tile_rows<E>, 1                       \
+#define BARATA_FR8_KERNELS(T, name, E)                                                      \
+  MatmulKernel{DType::T, name ".r8" BARATA_R8_ISA, ActFormat::kF32,     fr8_matmul_tile<E>, \
+               1,        fr_row_bytes<E::kBytes>,  fr_repack<E::kBytes>},                   \
+      MatmulKernel {                                                                        \
+    DType::T, name ".f32" BARATA_R8_ISA, ActFormat::kF32, fr8_tile_rows<E>, 1               \
   }
 
-#define BARATA_R8_KERNELS(T, name, K)                                        \
-  MatmulKernel{DType::T, name ".r8.avx2", ActFormat::kQ8, r8_matmul_tile<K>, \
-               32,       r_row_bytes<K>,  r_repack<K>},                      \
-      MatmulKernel {                                                         \
-    DType::T, name ".q8.avx2", ActFormat::kQ8, r8_tile_rows<K>, 32           \
+#define BARATA_R8_KERNELS(T, name, K)                                                 \
+  MatmulKernel{DType::T, name ".r8" BARATA_R8_ISA, ActFormat::kQ8, r8_matmul_tile<K>, \
+               32,       r_row_bytes<K>,           r_repack<K>},                      \
+      MatmulKernel {                                                                  \
+    DType::T, name ".q8" BARATA_R8_ISA, ActFormat::kQ8, r8_tile_rows<K>, 32           \
   }
 
 }  // namespace
@@ -546,6 +598,16 @@ const MatmulKernel kR8Kernels[] = {
     BARATA_FR8_KERNELS(BF16, "bf16", Fr8BF16),
 };
 const size_t kR8KernelCount = sizeof kR8Kernels / sizeof kR8Kernels[0];
+
+#if defined(__AVXVNNI__)
+// The avxvnni copy is this file alone: its kernel set is the 8-row kernels and
+// the activation quantizer; everything else falls through to the avx2 copy.
+const CpuKernelSet& kernel_set() {
+  static const CpuKernelSet set{"avxvnni", kR8Kernels, kR8KernelCount,      nullptr,
+                                nullptr,   nullptr,    quantize_row_q8_avx2};
+  return set;
+}
+#endif
 
 // As quantize_row_q8_act, lane for lane (the AVX-512 copy's quantizer on 8
 // lanes): |x| max with NaN skipped (max_ps returns its second operand when

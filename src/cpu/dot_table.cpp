@@ -47,7 +47,9 @@ const CpuKernelSet& kernel_set() {
                                 attend_supported,
                                 attend_tile,
                                 swiglu,
-                                geglu};
+                                geglu,
+                                kR8Kernels,
+                                kR8KernelCount};
 #elif defined(BARATA_HAVE_R8_KERNELS)
   // The 8-row kernels first: the registry takes a type's first kernel.
   static MatmulKernel all[kR8KernelMax + sizeof kFast / sizeof kFast[0]];

@@ -79,6 +79,7 @@ bool has(std::string_view name) {
 }
 
 constexpr const char* kAvx2Features[] = {"avx2", "fma", "f16c"};
+constexpr const char* kAvxVnniFeatures[] = {"avx2", "fma", "f16c", "avxvnni"};
 constexpr const char* kAvx512Features[] = {"avx2",     "fma",      "f16c",     "avx512f",
                                            "avx512bw", "avx512vl", "avx512dq", "avx512vnni"};
 
@@ -95,6 +96,12 @@ bool built(CpuIsa isa) {
       return true;
     case CpuIsa::kAvx2:
 #if defined(BARATA_HAVE_ISA_AVX2)
+      return true;
+#else
+      return false;
+#endif
+    case CpuIsa::kAvxVnni:
+#if defined(BARATA_HAVE_ISA_AVXVNNI)
       return true;
 #else
       return false;
@@ -119,7 +126,7 @@ CpuIsa from_env() {
            built(isa) ? "CPU" : "build", env, cpu_isa_name(cpu_best_isa()));
     return isa;
   }
-  fail("BARATA_ISA={}: unknown instruction set (scalar, avx2, avx512)", env);
+  fail("BARATA_ISA={}: unknown instruction set (scalar, avx2, avxvnni, avx512)", env);
 }
 
 std::atomic<int> g_isa{-1};
@@ -132,6 +139,8 @@ const char* cpu_isa_name(CpuIsa isa) {
       return "scalar";
     case CpuIsa::kAvx2:
       return "avx2";
+    case CpuIsa::kAvxVnni:
+      return "avxvnni";
     case CpuIsa::kAvx512:
       return "avx512";
   }
@@ -145,6 +154,8 @@ bool cpu_isa_available(CpuIsa isa) {
       return true;
     case CpuIsa::kAvx2:
       return has_all(kAvx2Features);
+    case CpuIsa::kAvxVnni:
+      return has_all(kAvxVnniFeatures);
     case CpuIsa::kAvx512:
       return has_all(kAvx512Features);
   }
@@ -152,7 +163,7 @@ bool cpu_isa_available(CpuIsa isa) {
 }
 
 CpuIsa cpu_best_isa() {
-  for (CpuIsa isa : {CpuIsa::kAvx512, CpuIsa::kAvx2})
+  for (CpuIsa isa : {CpuIsa::kAvx512, CpuIsa::kAvxVnni, CpuIsa::kAvx2})
     if (cpu_isa_available(isa)) return isa;
   return CpuIsa::kScalar;
 }
@@ -189,6 +200,10 @@ const CpuKernelSet& cpu_kernel_set(CpuIsa isa) {
 #if defined(BARATA_HAVE_ISA_AVX512)
     case CpuIsa::kAvx512:
       return isa_avx512::kernel_set();
+#endif
+#if defined(BARATA_HAVE_ISA_AVXVNNI)
+    case CpuIsa::kAvxVnni:
+      return isa_avxvnni::kernel_set();
 #endif
 #if defined(BARATA_HAVE_ISA_AVX2)
     case CpuIsa::kAvx2:

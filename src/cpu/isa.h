@@ -1,6 +1,6 @@
 // Which instruction set the CPU kernels use: the best one this CPU has, chosen
 // once when the first kernel is looked up, or the one BARATA_ISA names
-// (scalar, avx2, avx512), which tests and benches use to force each path.
+// (scalar, avx2, avxvnni, avx512), which tests and benches use to force each path.
 #pragma once
 
 #include <string>
@@ -9,13 +9,16 @@
 
 namespace barata {
 
-enum class CpuIsa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
-inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512};
+// In order: a copy falls through to the ones below it for what it lacks.
+enum class CpuIsa { kScalar = 0, kAvx2 = 1, kAvxVnni = 2, kAvx512 = 3 };
+inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvxVnni,
+                                         CpuIsa::kAvx512};
 
 const char* cpu_isa_name(CpuIsa isa);
 // Built into this binary, and the CPU has every feature the set needs:
-//   avx2    AVX2, FMA, F16C
-//   avx512  the above and AVX-512 F, BW, VL, DQ, VNNI
+//   avx2     AVX2, FMA, F16C
+//   avxvnni  the above and AVX-VNNI (256-bit vpdpbusd)
+//   avx512   AVX2, FMA, F16C and AVX-512 F, BW, VL, DQ, VNNI
 bool cpu_isa_available(CpuIsa isa);
 CpuIsa cpu_best_isa();
 // The ISA in use: BARATA_ISA when set (an unknown or unavailable name is an
