@@ -382,39 +382,6 @@ void r_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k
       });
 }
 
-// The same arithmetic on the file's rows, one row at a time (BARATA_REPACK=0,
-// and weights the backend did not repack).
-template <RKind K>
-void rq_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
-                  const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
-                  size_t ldy) {
-  const int64_t nb = k / 32;
-  constexpr float kOff = RLayout<K>::kOffset;
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const uint8_t* row = w + r * row_bytes;
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      const BlockQ8Act* x = act_row(acts, act_stride, t);
-      float acc = 0.0f;
-      for (int64_t b = 0; b < nb; ++b) {
-        const RowBlock rb = row_block<K>(row, b, nb);
-        const __m256i u = load256(rb.u);
-        const __m256i q = load256(x[b].q);
-        const __m256i s8 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, q);
-        const __m128i s4 =
-            _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-        int32_t lanes[4];
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(lanes), s4);
-        const int32_t isum = lanes[0] + lanes[1] + lanes[2] + lanes[3];
-        const float dv = fp16_to_fp32(rb.d);
-        const float mv = K == RKind::kNibMin ? fp16_to_fp32(rb.m) : dv * -kOff;
-        acc = std::fma(static_cast<float>(isum), dv * x[b].d, acc);
-        acc = std::fma(mv, x[b].s, acc);
-      }
-      out[t * ldy + r] = acc;
-    }
-  }
-}
-
 // ---- repacked K-quants (Q4_K, Q5_K, Q6_K): layouts in r16_layout.h ---------------
 
 template <KKind K, int T>
@@ -518,50 +485,18 @@ void k_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k
       });
 }
 
-template <KKind K>
-void kq_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
-                  const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
-                  size_t ldy) {
-  const int64_t nb = k / 32;
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const uint8_t* row = w + r * row_bytes;
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      const BlockQ8Act* x = act_row(acts, act_stride, t);
-      float acc = 0.0f;
-      for (int64_t b = 0; b < nb; ++b) {
-        const KRowBlock kb = k_row_block<K>(row, b);
-        const float d = fp16_to_fp32(kb.d);
-        if constexpr (K == KKind::kQ6K) {
-          int32_t sa, sb;
-          half_sums(x[b].q, sa, sb);
-          const int32_t ia = code_dot(kb.u, x[b].q, 0, 16) - 32 * sa;
-          const int32_t ib = code_dot(kb.u, x[b].q, 16, 32) - 32 * sb;
-          acc = std::fma(static_cast<float>(ia), static_cast<float>(kb.sc_a) * d * x[b].d, acc);
-          acc = std::fma(static_cast<float>(ib), static_cast<float>(kb.sc_b) * d * x[b].d, acc);
-        } else {
-          const float dv = static_cast<float>(kb.sc_a) * d;
-          const float mv = -(static_cast<float>(kb.m) * fp16_to_fp32(kb.dmin));
-          acc = std::fma(static_cast<float>(code_dot(kb.u, x[b].q, 0, 32)), dv * x[b].d, acc);
-          acc = std::fma(mv, x[b].s, acc);
-        }
-      }
-      out[t * ldy + r] = acc;
-    }
-  }
-}
-
 #define BARATA_K_KERNELS(T, name, K)                                           \
   MatmulKernel{DType::T, name ".r16.avx512", ActFormat::kQ8, k_matmul_tile<K>, \
                256,      k_row_bytes<K>,     k_repack<K>},                     \
       MatmulKernel {                                                           \
-    DType::T, name ".q8.avx512", ActFormat::kQ8, kq_tile_rows<K>, 256          \
+    DType::T, name ".q8.avx512", ActFormat::kQ8, k_tile_rows<K>, 256           \
   }
 
 #define BARATA_R_KERNELS(T, name, K)                                           \
   MatmulKernel{DType::T, name ".r16.avx512", ActFormat::kQ8, r_matmul_tile<K>, \
                32,       r_row_bytes<K>,     r_repack<K>},                     \
       MatmulKernel {                                                           \
-    DType::T, name ".q8.avx512", ActFormat::kQ8, rq_tile_rows<K>, 32           \
+    DType::T, name ".q8.avx512", ActFormat::kQ8, r_tile_rows<K>, 32            \
   }
 
 // ---- NF4 block-64, fp32 activations -------------------------------------------------
@@ -649,33 +584,25 @@ void nf4_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t
 // ---- F16 / BF16 / F32 repacked: 16 rows interleaved (r16_layout.h) -------------------
 // A step is one widening load of weight j of the 16 rows and, per token, one
 // FMA with the token's x_j broadcast: no horizontal sums, and one stream per
-// group. fq_tile_rows does the same on the file's rows.
+// group. f_tile_rows (r16_layout.h) does the same on the file's rows.
 // Element types of the float layouts: bytes per weight, 16 rows' weight j
 // widened to fp32, one weight widened.
 struct FrF16 {
   static constexpr int64_t kBytes = 2;
   static __m512 widen16(const uint8_t* p) { return _mm512_cvtph_ps(load256(p)); }
-  static float widen1(const uint8_t* row, int64_t j) {
-    uint16_t h;
-    std::memcpy(&h, row + 2 * j, 2);
-    return fp16_to_fp32(h);
-  }
+  static constexpr auto at = f16_at;
 };
 struct FrBF16 {
   static constexpr int64_t kBytes = 2;
   static __m512 widen16(const uint8_t* p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load256(p)), 16));
   }
-  static float widen1(const uint8_t* row, int64_t j) {
-    uint16_t h;
-    std::memcpy(&h, row + 2 * j, 2);
-    return bf16_to_fp32(h);
-  }
+  static constexpr auto at = bf16_at;
 };
 struct FrF32 {
   static constexpr int64_t kBytes = 4;
   static __m512 widen16(const uint8_t* p) { return _mm512_loadu_ps(p); }
-  static float widen1(const uint8_t* row, int64_t j) { return read_f32(row + 4 * j); }
+  static constexpr auto at = f32_at;
 };
 
 template <typename E, int T>
@@ -715,31 +642,11 @@ void fr_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t 
                      });
 }
 
-template <typename E>
-void fq_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
-                  const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
-                  size_t ldy) {
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const uint8_t* row = w + r * row_bytes;
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      const float* x = reinterpret_cast<const float*>(acts + t * act_stride);
-      float ae = 0.0f, ao = 0.0f;
-      int64_t j = 0;
-      for (; j + 2 <= k; j += 2) {
-        ae = std::fma(E::widen1(row, j), x[j], ae);
-        ao = std::fma(E::widen1(row, j + 1), x[j + 1], ao);
-      }
-      if (j < k) ae = std::fma(E::widen1(row, j), x[j], ae);
-      out[t * ldy + r] = ae + ao;
-    }
-  }
-}
-
 #define BARATA_FR_KERNELS(T, name, E)                                                     \
   MatmulKernel{DType::T, name ".r16.avx512",      ActFormat::kF32,     fr_matmul_tile<E>, \
                1,        fr_row_bytes<E::kBytes>, fr_repack<E::kBytes>},                  \
       MatmulKernel {                                                                      \
-    DType::T, name ".f32.avx512", ActFormat::kF32, fq_tile_rows<E>, 1                     \
+    DType::T, name ".f32.avx512", ActFormat::kF32, f_tile_rows<E::at>, 1                  \
   }
 
 #define BARATA_Q_KERNEL(T, name, Dec)                                   \

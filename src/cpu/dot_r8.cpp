@@ -11,7 +11,7 @@
 // The float part is the layout's contract, operation for operation the
 // AVX-512 kernel's: acc = fma(float(dot), dv * d_x, acc); acc = fma(mv, s_x,
 // acc). So these kernels give the AVX-512 kernels' bits, and the one on the
-// file's rows (r8_tile_rows) gives the repacked kernel's.
+// file's rows (r_tile_rows, r16_layout.h) gives the repacked kernel's.
 //
 // Types: Q4_0, Q4_1, Q5_0 and barata's int4 group-128 and per-tensor rows
 // (codes of at most 5 bits); IQ4_NL and Q8_0, whose codes are bytes up to
@@ -262,48 +262,6 @@ void r8_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t 
               });
 }
 
-// The same arithmetic on the file's rows, one row and token at a time
-// (BARATA_REPACK=0, and weights the backend did not repack).
-template <RKind K>
-void r8_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
-                  const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
-                  size_t ldy) {
-  const int64_t nb = k / 32;
-  constexpr float kOff = RLayout<K>::kOffset;
-  const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0f);
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const uint8_t* row = w + r * row_bytes;
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      const auto* x = reinterpret_cast<const BlockQ8Act*>(acts + t * act_stride);
-      float acc = 0.0f;
-      for (int64_t b = 0; b < nb; ++b) {
-        const RowBlock rb = row_block<K>(row, b, nb);
-        const __m256i u = load256(rb.u), q = load256(x[b].q);
-        __m256i s8;
-        if constexpr (K == RKind::kByte || K == RKind::kNibTable) {  // codes up to 255: nibbles
-          const __m256i lo = _mm256_and_si256(u, low);
-          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(u, 4), low);
-          s8 = _mm256_add_epi32(
-              _mm256_slli_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(hi, q), ones), 4),
-              _mm256_madd_epi16(_mm256_maddubs_epi16(lo, q), ones));
-        } else {
-          s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), ones);
-        }
-        const __m128i s4 =
-            _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-        int32_t lanes[4];
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(lanes), s4);
-        const int32_t isum = lanes[0] + lanes[1] + lanes[2] + lanes[3];
-        const float dv = fp16_to_fp32(rb.d);
-        const float mv = K == RKind::kNibMin ? fp16_to_fp32(rb.m) : dv * -kOff;
-        acc = std::fma(static_cast<float>(isum), dv * x[b].d, acc);
-        acc = std::fma(mv, x[b].s, acc);
-      }
-      out[t * ldy + r] = acc;
-    }
-  }
-}
-
 // ---- the K-quants on their 16-row layout (r16_layout.h) -------------------------
 // Half h of a group, T tokens; the float steps are the AVX-512 k_tile's.
 // Q6_K's codes reach 63: a pair sum is at most 2 * 63 * 127 = 16002, so two
@@ -391,39 +349,6 @@ void k8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* 
   store8(out, ldy, acc, n_valid);
 }
 
-// The same on the file's rows (BARATA_REPACK=0).
-template <KKind K>
-void k8_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
-                  const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
-                  size_t ldy) {
-  const int64_t nb = k / 32;
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const uint8_t* row = w + r * row_bytes;
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      const auto* x = reinterpret_cast<const BlockQ8Act*>(acts + t * act_stride);
-      float acc = 0.0f;
-      for (int64_t b = 0; b < nb; ++b) {
-        const KRowBlock kb = k_row_block<K>(row, b);
-        const float d = fp16_to_fp32(kb.d);
-        if constexpr (K == KKind::kQ6K) {
-          int32_t sa, sb;
-          half_sums(x[b].q, sa, sb);
-          const int32_t ia = code_dot(kb.u, x[b].q, 0, 16) - 32 * sa;
-          const int32_t ib = code_dot(kb.u, x[b].q, 16, 32) - 32 * sb;
-          acc = std::fma(static_cast<float>(ia), static_cast<float>(kb.sc_a) * d * x[b].d, acc);
-          acc = std::fma(static_cast<float>(ib), static_cast<float>(kb.sc_b) * d * x[b].d, acc);
-        } else {
-          const float dv = static_cast<float>(kb.sc_a) * d;
-          const float mv = -(static_cast<float>(kb.m) * fp16_to_fp32(kb.dmin));
-          acc = std::fma(static_cast<float>(code_dot(kb.u, x[b].q, 0, 32)), dv * x[b].d, acc);
-          acc = std::fma(mv, x[b].s, acc);
-        }
-      }
-      out[t * ldy + r] = acc;
-    }
-  }
-}
-
 template <KKind K>
 void k8_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
                     const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
@@ -438,7 +363,7 @@ void k8_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t 
   MatmulKernel{DType::T, name ".r8" BARATA_R8_ISA, ActFormat::kQ8, k8_matmul_tile<K>, \
                256,      k_row_bytes<K>,           k_repack<K>},                      \
       MatmulKernel {                                                                  \
-    DType::T, name ".q8" BARATA_R8_ISA, ActFormat::kQ8, k8_tile_rows<K>, 256          \
+    DType::T, name ".q8" BARATA_R8_ISA, ActFormat::kQ8, k_tile_rows<K>, 256           \
   }
 
 // ---- the float types on their 16-row layout (r16_layout.h) -----------------------
@@ -450,11 +375,7 @@ struct Fr8F16 {
   static __m256 widen8(const uint8_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  static float widen1(const uint8_t* row, int64_t j) {
-    uint16_t h;
-    std::memcpy(&h, row + 2 * j, 2);
-    return fp16_to_fp32(h);
-  }
+  static constexpr auto at = f16_at;
 };
 struct Fr8BF16 {
   static constexpr int64_t kBytes = 2;
@@ -462,22 +383,14 @@ struct Fr8BF16 {
     return _mm256_castsi256_ps(_mm256_slli_epi32(
         _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
   }
-  static float widen1(const uint8_t* row, int64_t j) {
-    uint16_t h;
-    std::memcpy(&h, row + 2 * j, 2);
-    return bf16_to_fp32(h);
-  }
+  static constexpr auto at = bf16_at;
 };
 struct Fr8F32 {
   static constexpr int64_t kBytes = 4;
   static __m256 widen8(const uint8_t* p) {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
   }
-  static float widen1(const uint8_t* row, int64_t j) {
-    float v;
-    std::memcpy(&v, row + 4 * j, 4);
-    return v;
-  }
+  static constexpr auto at = f32_at;
 };
 
 template <typename E, int T>
@@ -545,39 +458,18 @@ void fr8_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t
   }
 }
 
-// The contract on the file's rows (BARATA_REPACK=0).
-template <typename E>
-void fr8_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k,
-                   const uint8_t* acts, size_t act_stride, int64_t n_tokens, float* out,
-                   size_t ldy) {
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const uint8_t* row = w + r * row_bytes;
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      const float* x = reinterpret_cast<const float*>(acts + t * act_stride);
-      float ae = 0.0f, ao = 0.0f;
-      int64_t j = 0;
-      for (; j + 2 <= k; j += 2) {
-        ae = std::fma(E::widen1(row, j), x[j], ae);
-        ao = std::fma(E::widen1(row, j + 1), x[j + 1], ao);
-      }
-      if (j < k) ae = std::fma(E::widen1(row, j), x[j], ae);
-      out[t * ldy + r] = ae + ao;
-    }
-  }
-}
-
 #define BARATA_FR8_KERNELS(T, name, E)                                                      \
   MatmulKernel{DType::T, name ".r8" BARATA_R8_ISA, ActFormat::kF32,     fr8_matmul_tile<E>, \
                1,        fr_row_bytes<E::kBytes>,  fr_repack<E::kBytes>},                   \
       MatmulKernel {                                                                        \
-    DType::T, name ".f32" BARATA_R8_ISA, ActFormat::kF32, fr8_tile_rows<E>, 1               \
+    DType::T, name ".f32" BARATA_R8_ISA, ActFormat::kF32, f_tile_rows<E::at>, 1             \
   }
 
 #define BARATA_R8_KERNELS(T, name, K)                                                 \
   MatmulKernel{DType::T, name ".r8" BARATA_R8_ISA, ActFormat::kQ8, r8_matmul_tile<K>, \
                32,       r_row_bytes<K>,           r_repack<K>},                      \
       MatmulKernel {                                                                  \
-    DType::T, name ".q8" BARATA_R8_ISA, ActFormat::kQ8, r8_tile_rows<K>, 32           \
+    DType::T, name ".q8" BARATA_R8_ISA, ActFormat::kQ8, r_tile_rows<K>, 32            \
   }
 
 }  // namespace

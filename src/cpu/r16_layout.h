@@ -8,6 +8,13 @@
 // quant_blocks.h types.
 #pragma once
 
+// Exact integer dot of 32 codes with 32 activation bytes, over [lo, hi).
+inline int32_t code_dot(const uint8_t* u, const int8_t* q, int lo, int hi) {
+  int32_t s = 0;
+  for (int j = lo; j < hi; ++j) s += static_cast<int32_t>(u[j]) * q[j];
+  return s;
+}
+
 // ---- repacked layouts: 16 rows interleaved, one row per lane -------------------------
 // For Q4_0, Q4_1, Q5_0, IQ4_NL and Q8_0 the CPU backend repacks each matrix at
 // load (the file stays as it is): rows in groups of 16, and within a group,
@@ -23,9 +30,9 @@
 //     Q4_0: u = nibble, dv = d, mv = -8 d        Q4_1: u = nibble, dv = d, mv = m
 //     Q5_0: u = nibble + 16 * fifth bit, mv = -16 d
 //     IQ4_NL: u = code book value + 128, mv = -128 d      Q8_0: u = q + 128, mv = -128 d
-// The unrepacked kernels of these types in the AVX-512 and AVX2 copies
-// (rq_tile_rows, r8_tile_rows) do exactly the same operations, so repacking
-// changes no bit of the result, and the two ISAs give the same bits.
+// The kernel on the file's rows (r_tile_rows, below; BARATA_REPACK=0) does
+// exactly the same operations, so repacking changes no bit of the result,
+// and the ISAs' kernels on the layout give the same bits.
 //
 // Group layout, in sections (each block's part contiguous):
 //     codes: per block 256 bytes (nibble types: 4 x 64, byte 4r + j of word i
@@ -155,6 +162,30 @@ void r_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_row
   }
 }
 
+// The layout's arithmetic on the file's rows, one row and token at a time
+// (BARATA_REPACK=0): the exact integer dot, then the two FMAs.
+template <RKind K>
+void r_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const uint8_t* acts,
+                 size_t act_stride, int64_t n_tokens, float* out, size_t ldy) {
+  const int64_t nb = k / 32;
+  constexpr float kOff = RLayout<K>::kOffset;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * row_bytes;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const auto* x = reinterpret_cast<const BlockQ8Act*>(acts + t * act_stride);
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const RowBlock rb = row_block<K>(row, b, nb);
+        const float dv = fp16_to_fp32(rb.d);
+        const float mv = K == RKind::kNibMin ? fp16_to_fp32(rb.m) : dv * -kOff;
+        acc = std::fma(static_cast<float>(code_dot(rb.u, x[b].q, 0, 32)), dv * x[b].d, acc);
+        acc = std::fma(mv, x[b].s, acc);
+      }
+      out[t * ldy + r] = acc;
+    }
+  }
+}
+
 // ---- the float types (F16, BF16, F32): 16 rows interleaved -------------------------
 // Per group of 16 rows, weight j of the 16 rows side by side (16 * B bytes).
 // Arithmetic (per row and token, from a_e = a_o = 0): two chains, over even
@@ -178,6 +209,43 @@ void fr_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_ro
     }
 }
 
+// Weight j of a file row, widened exactly.
+inline float f16_at(const uint8_t* row, int64_t j) {
+  uint16_t v;
+  std::memcpy(&v, row + 2 * j, 2);
+  return fp16_to_fp32(v);
+}
+inline float bf16_at(const uint8_t* row, int64_t j) {
+  uint16_t v;
+  std::memcpy(&v, row + 2 * j, 2);
+  return bf16_to_fp32(v);
+}
+inline float f32_at(const uint8_t* row, int64_t j) {
+  float v;
+  std::memcpy(&v, row + 4 * j, 4);
+  return v;
+}
+
+// The float layout's arithmetic on the file's rows (BARATA_REPACK=0).
+template <float (*At)(const uint8_t*, int64_t)>
+void f_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const uint8_t* acts,
+                 size_t act_stride, int64_t n_tokens, float* out, size_t ldy) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * row_bytes;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const float* x = reinterpret_cast<const float*>(acts + t * act_stride);
+      float ae = 0.0f, ao = 0.0f;
+      int64_t j = 0;
+      for (; j + 2 <= k; j += 2) {
+        ae = std::fma(At(row, j), x[j], ae);
+        ao = std::fma(At(row, j + 1), x[j + 1], ao);
+      }
+      if (j < k) ae = std::fma(At(row, j), x[j], ae);
+      out[t * ldy + r] = ae + ao;
+    }
+  }
+}
+
 // ---- repacked K-quants (Q4_K, Q5_K, Q6_K) ------------------------------------------
 // The same 16-row interleaving, per block of 32 weights (a K-quant sub-block),
 // with the super-block's scales kept compact: per group and super-block of
@@ -189,7 +257,7 @@ void fr_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_ro
 //                  isum_h = sum over the half of u * x - 32 * (the half's sum of x),
 //                  acc = fma(float(isum_a), float(sc_a) * d * d_x, acc);
 //                  acc = fma(float(isum_b), float(sc_b) * d * d_x, acc)
-// kq_tile_rows (AVX-512) and k8_tile_rows (AVX2) do the same on the file's rows.
+// k_tile_rows (below) does the same on the file's rows.
 enum class KKind { kQ4K, kQ5K, kQ6K };
 
 template <KKind K>
@@ -301,9 +369,33 @@ inline void half_sums(const int8_t* q, int32_t& a, int32_t& b) {
   b = _mm_cvtsi128_si32(_mm256_extracti128_si256(pair, 1)) - 16 * 128;
 }
 
-// Exact integer dot of 32 codes with 32 activation bytes, over [lo, hi).
-inline int32_t code_dot(const uint8_t* u, const int8_t* q, int lo, int hi) {
-  int32_t s = 0;
-  for (int j = lo; j < hi; ++j) s += static_cast<int32_t>(u[j]) * q[j];
-  return s;
+template <KKind K>
+void k_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const uint8_t* acts,
+                 size_t act_stride, int64_t n_tokens, float* out, size_t ldy) {
+  const int64_t nb = k / 32;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * row_bytes;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const auto* x = reinterpret_cast<const BlockQ8Act*>(acts + t * act_stride);
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const KRowBlock kb = k_row_block<K>(row, b);
+        const float d = fp16_to_fp32(kb.d);
+        if constexpr (K == KKind::kQ6K) {
+          int32_t sa, sb;
+          half_sums(x[b].q, sa, sb);
+          const int32_t ia = code_dot(kb.u, x[b].q, 0, 16) - 32 * sa;
+          const int32_t ib = code_dot(kb.u, x[b].q, 16, 32) - 32 * sb;
+          acc = std::fma(static_cast<float>(ia), static_cast<float>(kb.sc_a) * d * x[b].d, acc);
+          acc = std::fma(static_cast<float>(ib), static_cast<float>(kb.sc_b) * d * x[b].d, acc);
+        } else {
+          const float dv = static_cast<float>(kb.sc_a) * d;
+          const float mv = -(static_cast<float>(kb.m) * fp16_to_fp32(kb.dmin));
+          acc = std::fma(static_cast<float>(code_dot(kb.u, x[b].q, 0, 32)), dv * x[b].d, acc);
+          acc = std::fma(mv, x[b].s, acc);
+        }
+      }
+      out[t * ldy + r] = acc;
+    }
+  }
 }
