@@ -176,9 +176,9 @@ void r8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* 
     {
       constexpr int64_t kAhead = kAheadBytes / static_cast<int64_t>(L::kCodes);
       for (size_t i = 0; i < L::kCodes; i += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(c) + kAhead * L::kCodes + i, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(c) + kAhead * L::kCodes + i, _MM_HINT_T1);
       if (b % 2 == 0)
-        _mm_prefetch(reinterpret_cast<const char*>(dsec + (b + kAhead) * L::kD), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(dsec + (b + kAhead) * L::kD), _MM_HINT_T1);
     }
     __m256i u[8];
     if constexpr (K == RKind::kByte) {
@@ -296,10 +296,10 @@ void k8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* 
     {
       constexpr int64_t kAhead = kAheadBytes / static_cast<int64_t>(L::kCodes + L::kHigh);
       for (size_t i = 0; i < L::kCodes; i += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(c) + kAhead * L::kCodes + i, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(c) + kAhead * L::kCodes + i, _MM_HINT_T1);
       for (size_t i = 0; i < L::kHigh; i += 64)
         _mm_prefetch(reinterpret_cast<const char*>(high + (b + kAhead) * L::kHigh + i),
-                     _MM_HINT_T0);
+                     _MM_HINT_T1);
     }
     __m256i u[8];
     for (int i = 0; i < 4; ++i) {

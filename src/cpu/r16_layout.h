@@ -41,7 +41,7 @@ inline int32_t code_dot(const uint8_t* u, const int8_t* q, int lo, int hi) {
 //     high bits (Q5_0): per block 8 x 64 bits, bit 4r + j of word g = the fifth
 //            bit of weight 4g + j of row r.
 #ifndef BARATA_R_AHEAD
-#define BARATA_R_AHEAD 4096
+#define BARATA_R_AHEAD 16384
 #endif
 // kI4G128 / kI4Tensor: barata's int4 group-128 and per-tensor rows (stored
 // level + 8 in Q4_0's nibble order; d = the group's fp16 scale, or 1 with the
