@@ -119,6 +119,7 @@ TEST(Workload, JsonlErrorsNameFileAndLine) {
   };
   const Case cases[] = {
       {"{\"prompt\": \"a\"", "not valid JSON"},
+      {"{\"prompt\": \"a\", \"max_tokens\": 1e999}", "not valid JSON"},
       {"[1, 2]", "expected a JSON object"},
       {"{\"max_tokens\": 3}", "no \"prompt\""},
       {"{\"prompt\": 5}", "\"prompt\" must be a string"},

@@ -35,7 +35,7 @@ json parse_body(const std::string& text) {
         fmt::format("the body nests arrays and objects deeper than {} levels", kMaxJsonDepth));
   try {
     return json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 8e888
     bad_request(fmt::format("the body is not valid JSON: {}", printable(e.what())));
   }
 }
