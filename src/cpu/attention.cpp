@@ -231,11 +231,6 @@ inline V vexp(V x) {
 #endif
 }
 
-// Per-thread scratch of one work item (not std::vector: see dot.h).
-struct AttnScratch {
-  Scratch<float> buf;
-};
-
 // The scores of 4 keys against every query vector: s[j][lane] = sum over d of
 // k_j[d] * q_lane[d], one FMA chain per (key, query) in d order.
 inline void scores4(const float* qt, int64_t qs, int64_t nqv, const float* kf, int64_t hd, float* s,
@@ -305,10 +300,10 @@ inline void accumulate_pv(float* o, float alpha, const float* p, int64_t ps, con
 void attend(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1, int64_t kvh) {
   const int64_t hd = a.hd, G = a.group, nq = (t1 - t0) * G;
   const int64_t nqv = (nq + W - 1) / W, qs = nqv * W;  // query lanes, padded
-  thread_local AttnScratch scratch;
+  thread_local Scratch<float> scratch;                 // not std::vector: see dot.h
   // qt[hd][qs] | s[kTile][qs] | kf[kTile][hd] | vf[kTile][hd] | o[nq][hd]
   // | m, l, alpha, lo, hi, first, n [qs] each
-  float* buf = scratch.buf.get(
+  float* buf = scratch.get(
       static_cast<size_t>(hd * qs + kTile * qs + 2 * kTile * hd + nq * hd + 7 * qs + 3 * kTile));
   float* qt = buf;
   float* s = qt + hd * qs;

@@ -108,18 +108,6 @@ float dot_f16_f32(const uint16_t* w, const float* x, int64_t k) {
   return tail;
 }
 
-void axpy_f16(float a, const uint16_t* x, float* y, int64_t k) {
-  int64_t i = 0;
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  const __m256 va = _mm256_set1_ps(a);
-  for (; i + 8 <= k; i += 8) {
-    const __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, xv, _mm256_loadu_ps(y + i)));
-  }
-#endif
-  for (; i < k; ++i) y[i] += a * fp16_to_fp32(x[i]);
-}
-
 float dot_f32(const float* a, const float* b, int64_t k) {
   int64_t i = 0;
   float sum = 0.0f;

@@ -44,8 +44,6 @@ struct CpuKernelSet {
   const MatmulKernel* matmul;  // fast kernels of this ISA
   size_t n_matmul;
   float (*dot_f32)(const float* a, const float* b, int64_t k);
-  float (*dot_f16_f32)(const uint16_t* w, const float* x, int64_t k);
-  void (*axpy_f16)(float a, const uint16_t* x, float* y, int64_t k);  // y += a * x
   // quantize_row_q8_act (matmul.h), the same bits, vectorized.
   void (*quantize_row_q8)(const float* x, BlockQ8Act* out, int64_t k) = nullptr;
   // Tiled attention (attention.cpp) of tokens [t0, t1) of one sequence and
@@ -115,7 +113,6 @@ void geglu(float* gate, const float* up, int64_t n);
 
 float dot_f32(const float* a, const float* b, int64_t k);
 float dot_f16_f32(const uint16_t* w, const float* x, int64_t k);
-void axpy_f16(float a, const uint16_t* x, float* y, int64_t k);  // y += a * x
 
 #define BARATA_DOT_TILE(name)                                                                   \
   void name(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const uint8_t* acts, \
@@ -153,9 +150,7 @@ void quantize_row_q8_avx2(const float* x, BlockQ8Act* out, int64_t k);
 // k must be a multiple of 64 (16 for the float types).
 extern const MatmulKernel kAvx512Kernels[];
 extern const size_t kAvx512KernelCount;
-float dot_f16_f32_avx512(const uint16_t* w, const float* x, int64_t k);
 void quantize_row_q8_avx512(const float* x, BlockQ8Act* out, int64_t k);
-void axpy_f16_avx512(float a, const uint16_t* x, float* y, int64_t k);
 #endif
 
 }  // namespace BARATA_ISA_NS

@@ -680,22 +680,6 @@ const MatmulKernel kAvx512Kernels[] = {
 };
 const size_t kAvx512KernelCount = sizeof kAvx512Kernels / sizeof kAvx512Kernels[0];
 
-float dot_f16_f32_avx512(const uint16_t* w, const float* x, int64_t k) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= k; i += 32) {
-    a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(load256(w + i)), _mm512_loadu_ps(x + i), a0);
-    a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(load256(w + i + 16)), _mm512_loadu_ps(x + i + 16), a1);
-  }
-  for (; i < k; i += 16) {
-    const __mmask16 m =
-        k - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (k - i)) - 1);
-    a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + i)),
-                         _mm512_maskz_loadu_ps(m, x + i), a0);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-}
-
 // As quantize_row_q8_act, lane for lane: |x| max with NaN skipped (max_ps
 // returns its second operand when either is NaN), the same d and 1/d, the
 // product clamped to +-127 (a NaN product gives +127, as fmin/fmax do) and
@@ -721,16 +705,6 @@ void quantize_row_q8_avx512(const float* x, BlockQ8Act* out, int64_t k) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].q + 16), _mm512_cvtepi32_epi8(q1));
     out[b].d = d;
     out[b].s = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
-  }
-}
-
-void axpy_f16_avx512(float a, const uint16_t* x, float* y, int64_t k) {
-  const __m512 va = _mm512_set1_ps(a);
-  for (int64_t i = 0; i < k; i += 16) {
-    const __mmask16 m =
-        k - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (k - i)) - 1);
-    const __m512 xv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i));
-    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, xv, _mm512_maskz_loadu_ps(m, y + i)));
   }
 }
 

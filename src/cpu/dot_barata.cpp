@@ -27,7 +27,7 @@ using simd::dot_u8_s8;
 using simd::hsum;
 using simd::unpack_nibbles;
 
-enum class Scale { kNone, kRowHeader, kGroup128 };
+enum class Scale { kNone, kRowHeader };
 
 inline float read_f32(const uint8_t* p) {
   float d;
@@ -38,16 +38,12 @@ inline float read_f32(const uint8_t* p) {
 // One integer row type: where its levels and scales are.
 template <bool kNibbles, Scale kScale>
 struct IntRow {
-  const uint8_t* q = nullptr;        // levels (after the row header)
-  const uint16_t* groups = nullptr;  // kGroup128: fp16 scale per group of 4 chunks
-  float row_scale = 1.0f;            // applied once at the end (1 unless kRowHeader)
+  const uint8_t* q = nullptr;  // levels (after the row header)
+  float row_scale = 1.0f;      // applied once at the end (1 unless kRowHeader)
 
   IntRow() = default;
-  IntRow(const uint8_t* row, int64_t nb)
-      : q(kScale == Scale::kRowHeader  ? row + 4
-          : kScale == Scale::kGroup128 ? row + 2 * ((nb + 3) / 4)
-                                       : row),
-        groups(reinterpret_cast<const uint16_t*>(row)),
+  IntRow(const uint8_t* row, int64_t)
+      : q(kScale == Scale::kRowHeader ? row + 4 : row),
         row_scale(kScale == Scale::kRowHeader ? read_f32(row) : 1.0f) {}
 
   // Signed levels of chunk b (32 weights).
@@ -58,14 +54,7 @@ struct IntRow {
       return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * b));
     }
   }
-  float chunk_scale(int64_t b) const {
-    if constexpr (kScale == Scale::kGroup128) {
-      uint16_t h;
-      std::memcpy(&h, groups + b / 4, sizeof h);
-      return fp16_to_fp32(h);
-    }
-    return 1.0f;
-  }
+  float chunk_scale(int64_t) const { return 1.0f; }
   const uint8_t* prefetch_at(int64_t b) const { return kNibbles ? q + 16 * b : q + 32 * b; }
 };
 

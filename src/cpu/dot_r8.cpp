@@ -495,8 +495,8 @@ const size_t kR8KernelCount = sizeof kR8Kernels / sizeof kR8Kernels[0];
 // The avxvnni copy is this file alone: its kernel set is the 8-row kernels and
 // the activation quantizer; everything else falls through to the avx2 copy.
 const CpuKernelSet& kernel_set() {
-  static const CpuKernelSet set{"avxvnni", kR8Kernels, kR8KernelCount,      nullptr,
-                                nullptr,   nullptr,    quantize_row_q8_avx2};
+  static const CpuKernelSet set{"avxvnni", kR8Kernels, kR8KernelCount, nullptr,
+                                quantize_row_q8_avx2};
   return set;
 }
 #endif

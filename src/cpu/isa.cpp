@@ -215,11 +215,9 @@ const CpuKernelSet& cpu_kernel_set(CpuIsa isa) {
 }
 
 CpuVectorOps cpu_vector_ops(CpuIsa isa) {
-  CpuVectorOps ops{nullptr, nullptr, nullptr, nullptr, nullptr};
+  CpuVectorOps ops{nullptr, nullptr, nullptr};
   for (int i = static_cast<int>(isa); i >= 0; --i) {
     const CpuKernelSet& s = cpu_kernel_set(static_cast<CpuIsa>(i));
-    if (!ops.dot_f16_f32) ops.dot_f16_f32 = s.dot_f16_f32;
-    if (!ops.axpy_f16) ops.axpy_f16 = s.axpy_f16;
     if (!ops.dot_f32) ops.dot_f32 = s.dot_f32;
     if (!ops.swiglu) ops.swiglu = s.swiglu;
     if (!ops.geglu) ops.geglu = s.geglu;

@@ -34,10 +34,8 @@ std::string cpu_isa_report();
 // The kernel set of an ISA (see dot.h: null entries fall through to lower sets).
 const CpuKernelSet& cpu_kernel_set(CpuIsa isa);
 
-// The attention helpers of the ISA in use, resolved once.
+// The vector helpers of an ISA, each from the best copy at or below it.
 struct CpuVectorOps {
-  float (*dot_f16_f32)(const uint16_t* w, const float* x, int64_t k);
-  void (*axpy_f16)(float a, const uint16_t* x, float* y, int64_t k);
   float (*dot_f32)(const float* a, const float* b, int64_t k);
   void (*swiglu)(float* gate, const float* up, int64_t n);
   void (*geglu)(float* gate, const float* up, int64_t n);
