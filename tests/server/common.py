@@ -2,6 +2,7 @@
 loopback port, waiting for it, reading /metrics, stopping it."""
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -27,10 +28,27 @@ def need_model(path=SMOLLM2):
     return path
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port_run(n, attempts=200):
+    """A base port B with B .. B+n-1 all free on loopback. Drawn below the
+    kernel's ephemeral range (32768 and up on Linux), where the client sockets
+    of tests running beside this one cannot take B+1 between the check and
+    the bind (the OS-chosen port of bind(0) is itself ephemeral)."""
+    rng = random.Random()
+    for _ in range(attempts):
+        base = rng.randrange(20000, 32000 - n)
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    sys.exit(f"error: no run of {n} free loopback ports in 20000-32000")
 
 
 class Server:

@@ -7,16 +7,19 @@ import subprocess
 import time
 
 import loadgen
-from common import ROOT, SMOLLM2, barata, check, free_port, need_model, read_metrics, wait_healthy
+from common import ROOT, SMOLLM2, barata, check, free_port_run, need_model, read_metrics, wait_healthy
 
 need_model()
-port = free_port()
 env = dict(os.environ, BARATA=barata())
-proc = subprocess.Popen(
-    [os.path.join(ROOT, "scripts", "serve-replicas.sh"), "2", str(port), "-m", SMOLLM2, "-t", "1",
-     "--slots", "4", "--max-queue", "24"],
-    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-try:
+
+
+def start():
+    """serve-replicas.sh on a fresh run of 3 ports; (proc, port, lines)."""
+    port = free_port_run(3)
+    proc = subprocess.Popen(
+        [os.path.join(ROOT, "scripts", "serve-replicas.sh"), "2", str(port), "-m", SMOLLM2, "-t", "1",
+         "--slots", "4", "--max-queue", "24"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines = []
     t0 = time.time()
     while time.time() - t0 < 120:
@@ -27,6 +30,18 @@ try:
         print(line.rstrip())
         if "nginx on http" in line:
             break
+    return proc, port, lines
+
+
+# Another process can still take one of the ports between the check and the
+# replicas' bind; that (and only that) is retried on a new run of ports.
+for attempt in range(3):
+    proc, port, lines = start()
+    if any("nginx on http" in l for l in lines) or not any("port is in use" in l for l in lines):
+        break
+    proc.wait(timeout=60)
+    print(f"test_scaleout: a port was taken meanwhile; again ({attempt + 1})")
+try:
     check(any("nginx on http" in l for l in lines), "2 replicas and nginx are up")
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url)
