@@ -268,54 +268,49 @@ inline void scores4(const float* qt, int64_t qs, int64_t nqv, const float* kf, i
   }
 }
 
-// o[0..hd) = o * alpha + sum over keys j in [lo, hi) of p[j * ps] * v_j, per
-// lane in key order; two queries at once when they share the key range.
-inline void accumulate_pv(float* o, float alpha, const float* p, int64_t ps, const float* vf,
-                          int64_t hd, int64_t lo, int64_t hi) {
-  const V al = vset1(alpha);
+// The block's values into the transposed output, queries in the lanes of
+// query vector v: ot[d] = ot[d] * alpha + sum over keys j < jn of p_j * v_j[d],
+// per lane in key order. A key outside a lane's range has p_j = 0 there and
+// leaves its sum as it was (v_j is finite: rows past the keys are zeroed).
+template <int64_t kD>
+inline void accumulate_pv_rows(float* ot, int64_t qs, V al, const float* p, const float* vf,
+                               int64_t hd, int64_t jn, int64_t d) {
+  V acc[kD];
+  for (int64_t i = 0; i < kD; ++i) acc[i] = vmul(vload(ot + (d + i) * qs), al);
+  for (int64_t j = 0; j < jn; ++j) {
+    const V pj = vload(p + j * qs);
+    const float* vr = vf + j * hd + d;
+    for (int64_t i = 0; i < kD; ++i) acc[i] = vfma(pj, vset1(vr[i]), acc[i]);
+  }
+  for (int64_t i = 0; i < kD; ++i) vstore(ot + (d + i) * qs, acc[i]);
+}
+
+inline void accumulate_pv(float* ot, int64_t qs, const float* al_p, const float* p, const float* vf,
+                          int64_t hd, int64_t jn) {
+  constexpr int64_t kD = W == 16 ? 8 : 4;  // output rows held in registers
+  const V al = vload(al_p);
   int64_t d = 0;
-  for (; d + 4 * W <= hd; d += 4 * W) {
-    V a0 = vmul(vload(o + d), al), a1 = vmul(vload(o + d + W), al);
-    V a2 = vmul(vload(o + d + 2 * W), al), a3 = vmul(vload(o + d + 3 * W), al);
-    for (int64_t j = lo; j < hi; ++j) {
-      const V pj = vset1(p[j * ps]);
-      const float* vr = vf + j * hd + d;
-      a0 = vfma(pj, vload(vr), a0);
-      a1 = vfma(pj, vload(vr + W), a1);
-      a2 = vfma(pj, vload(vr + 2 * W), a2);
-      a3 = vfma(pj, vload(vr + 3 * W), a3);
-    }
-    vstore(o + d, a0);
-    vstore(o + d + W, a1);
-    vstore(o + d + 2 * W, a2);
-    vstore(o + d + 3 * W, a3);
-  }
-  for (; d < hd; d += W) {
-    V a0 = vmul(vload(o + d), al);
-    for (int64_t j = lo; j < hi; ++j) a0 = vfma(vset1(p[j * ps]), vload(vf + j * hd + d), a0);
-    vstore(o + d, a0);
-  }
+  for (; d + kD <= hd; d += kD) accumulate_pv_rows<kD>(ot, qs, al, p, vf, hd, jn, d);
+  for (; d < hd; ++d) accumulate_pv_rows<1>(ot, qs, al, p, vf, hd, jn, d);
 }
 
 void attend(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1, int64_t kvh) {
   const int64_t hd = a.hd, G = a.group, nq = (t1 - t0) * G;
   const int64_t nqv = (nq + W - 1) / W, qs = nqv * W;  // query lanes, padded
   thread_local Scratch<float> scratch;                 // not std::vector: see dot.h
-  // qt[hd][qs] | s[kTile][qs] | kf[kTile][hd] | vf[kTile][hd] | o[nq][hd]
-  // | m, l, alpha, lo, hi, first, n [qs] each
-  float* buf = scratch.get(
-      static_cast<size_t>(hd * qs + kTile * qs + 2 * kTile * hd + nq * hd + 7 * qs + 3 * kTile));
+  // qt[hd][qs] | s[kTile][qs] | kf[kTile][hd] | vf[kTile][hd] | ot[hd][qs]
+  // | m, l, alpha, first, n [qs] each
+  float* buf =
+      scratch.get(static_cast<size_t>(hd * qs + kTile * qs + 2 * kTile * hd + hd * qs + 5 * qs));
   float* qt = buf;
   float* s = qt + hd * qs;
   float* kf = s + kTile * qs;
   float* vf = kf + kTile * hd;
-  float* o = vf + kTile * hd;
-  float* m = o + nq * hd;
+  float* ot = vf + kTile * hd;  // the output, transposed: queries in the lanes
+  float* m = ot + hd * qs;
   float* l = m + qs;
   float* alpha = l + qs;
-  float* lo_f = alpha + qs;  // per-lane key range of the current tile, as floats
-  float* hi_f = lo_f + qs;
-  float* first = hi_f + qs;  // per-lane first key and key count, as floats
+  float* first = alpha + qs;  // per-lane first key and key count, as floats
   float* count = first + qs;
 
   int64_t kmin = std::numeric_limits<int64_t>::max(), kmax = 0;
@@ -338,7 +333,7 @@ void attend(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1, int
     m[i] = -INFINITY;
     l[i] = 0.0f;
   }
-  std::fill(o, o + nq * hd, 0.0f);
+  std::fill(ot, ot + hd * qs, 0.0f);
 
   const int64_t kv_dim = a.kv_dim;
   for (int64_t b0 = kmin / kTile * kTile; b0 < kmax; b0 += kTile) {
@@ -352,7 +347,7 @@ void attend(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1, int
         vstore(vf + j * hd + d, vload_f16(vb + j * kv_dim + d));
       }
     for (int64_t j = jn; j < kTile; ++j)
-      for (int64_t d = 0; d < hd; ++d) kf[j * hd + d] = 0.0f;
+      for (int64_t d = 0; d < hd; ++d) kf[j * hd + d] = vf[j * hd + d] = 0.0f;
     for (int64_t j = 0; j < kTile; j += 4)
       scores4(qt, qs, nqv, kf + j * hd, hd, s + j * qs, a.scale);
 
@@ -384,21 +379,16 @@ void attend(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1, int
       vstore(l + v * W, vadd(vmul(vload(l + v * W), al), sum));
       vstore(m + v * W, m_new);
       vstore(alpha + v * W, al);
-      vstore(lo_f + v * W, vmax(fv, vzero()));
-      vstore(hi_f + v * W, vmin(cv, vset1(static_cast<float>(kTile))));
     }
-    for (int64_t i = 0; i < nq; ++i) {
-      const int64_t lo = static_cast<int64_t>(lo_f[i]), hi = static_cast<int64_t>(hi_f[i]);
-      if (lo >= hi && alpha[i] == 1.0f) continue;  // nothing to add, nothing to rescale
-      accumulate_pv(o + i * hd, alpha[i], s + i, qs, vf, hd, lo, std::max(lo, hi));
-    }
+    for (int64_t v = 0; v < nqv; ++v)
+      accumulate_pv(ot + v * W, qs, alpha + v * W, s + v * W, vf, hd, jn);
   }
 
   for (int64_t i = 0; i < nq; ++i) {
     const int64_t t = t0 + i / G, h = kvh * G + i % G;
     float* out = a.out + t * a.q_dim + h * hd;
-    const V inv = vset1(1.0f / l[i]);
-    for (int64_t d = 0; d < hd; d += W) vstore(out + d, vmul(vload(o + i * hd + d), inv));
+    const float inv = 1.0f / l[i];
+    for (int64_t d = 0; d < hd; ++d) out[d] = ot[d * qs + i] * inv;
   }
 }
 
