@@ -271,13 +271,13 @@ inline __m512 block_step(const __m512i u[8], __m512 dv, __m512 mv, const BlockQ8
   return _mm512_fmadd_ps(mv, _mm512_set1_ps(xb.s), acc);
 }
 
-// Software prefetch: every line of the codes kAheadBytes ahead, into L2
-// (prefetcht1). Measured on the Qwen 0.5B shape's Q4_0 decode at t=1
-// (2026-12-04, Zen 5 VM): prefetcht0 4 KiB ahead 47 tokens/s; prefetcht1
-// 4 KiB 61, 8 KiB 72, 16 KiB 76-82, 32 KiB 81-83. An L1 prefetch holds one of
-// the few L1 miss buffers until its line arrives; into L2 many more lines are
-// in flight, which is what a DRAM stream at this rate needs.
-constexpr int64_t kAheadBytes = BARATA_R_AHEAD;
+// Software prefetch (AheadPrefetch, r16_layout.h): the group's bytes
+// BARATA_R_AHEAD ahead, into L2 (prefetcht1). Measured on the Qwen 0.5B
+// shape's Q4_0 decode at t=1 (2026-12-04, Zen 5 VM), per section: prefetcht0
+// 4 KiB ahead 47 tokens/s; prefetcht1 4 KiB 61, 8 KiB 72, 16 KiB 76-82, 32
+// KiB 81-83. An L1 prefetch holds one of the few L1 miss buffers until its
+// line arrives; into L2 many more lines are in flight, which is what a DRAM
+// stream at this rate needs.
 
 template <RKind K, int T>
 void r_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* out, size_t ldy,
@@ -296,17 +296,10 @@ void r_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* o
     for (int i = 0; i < 16; ++i) tb[i] = static_cast<uint8_t>(kIQ4NLValues[i] + 128);
     table = _mm512_broadcast_i32x4(load128(tb));
   }
+  AheadPrefetch ahead(grp);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* c = codes + b * L::kCodes;
-    // Every line of the codes kAheadBytes ahead; the scales' section is a
-    // second stream (one line per two blocks).
-    {
-      constexpr int64_t kAhead = kAheadBytes / static_cast<int64_t>(L::kCodes);  // blocks
-      for (size_t i = 0; i < L::kCodes; i += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(c) + kAhead * L::kCodes + i, _MM_HINT_T1);
-      if (b % 2 == 0)
-        _mm_prefetch(reinterpret_cast<const char*>(dsec + (b + kAhead) * L::kD), _MM_HINT_T1);
-    }
+    ahead.upto(static_cast<size_t>(b + 1) * L::kBlock);
     __m512i u[8];
     if constexpr (K == RKind::kByte) {
       for (int g = 0; g < 8; ++g) u[g] = _mm512_loadu_si512(c + 64 * g);
@@ -399,6 +392,7 @@ void k_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* o
   const __m512i low = _mm512_set1_epi8(0x0f);
   const __m512 neg = _mm512_set1_ps(-0.0f);
   __m512 dvec = _mm512_setzero_ps(), dminv = _mm512_setzero_ps();
+  AheadPrefetch ahead(grp);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* sp = super + (b / 8) * L::kSuper;
     const int sub = static_cast<int>(b % 8);
@@ -407,14 +401,7 @@ void k_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* o
       if constexpr (K != KKind::kQ6K) dminv = _mm512_cvtph_ps(load256(sp + 32));
     }
     const uint8_t* c = codes + b * L::kCodes;
-    {
-      constexpr int64_t kAhead = kAheadBytes / static_cast<int64_t>(L::kCodes + L::kHigh);
-      for (size_t i = 0; i < L::kCodes; i += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(c) + kAhead * L::kCodes + i, _MM_HINT_T1);
-      for (size_t i = 0; i < L::kHigh; i += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(high + (b + kAhead) * L::kHigh + i),
-                     _MM_HINT_T1);
-    }
+    ahead.upto(static_cast<size_t>(b + 1) * L::kGroupPerSuper / 8);
     __m512i u[8];
     for (int i = 0; i < 4; ++i) {
       const __m512i w = _mm512_loadu_si512(c + 64 * i);

@@ -136,8 +136,6 @@ inline __m256i half_block_dot(const __m256i* u, const int8_t* q, __m256i init) {
 #endif
 }
 
-constexpr int64_t kAheadBytes = BARATA_R_AHEAD;
-
 // out[t * ldy + r] = acc[t][r] for r < n_valid (at most 8).
 template <int T>
 void store8(float* out, size_t ldy, const __m256 (&acc)[T], int n_valid) {
@@ -171,15 +169,10 @@ void r8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* 
     for (int i = 0; i < 16; ++i) tb[i] = static_cast<uint8_t>(kIQ4NLValues[i] + 128);
     table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(tb)));
   }
+  AheadPrefetch ahead(grp);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* c = codes + b * L::kCodes + 32 * h;
-    {
-      constexpr int64_t kAhead = kAheadBytes / static_cast<int64_t>(L::kCodes);
-      for (size_t i = 0; i < L::kCodes; i += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(c) + kAhead * L::kCodes + i, _MM_HINT_T1);
-      if (b % 2 == 0)
-        _mm_prefetch(reinterpret_cast<const char*>(dsec + (b + kAhead) * L::kD), _MM_HINT_T1);
-    }
+    ahead.upto(static_cast<size_t>(b + 1) * L::kBlock);
     __m256i u[8];
     if constexpr (K == RKind::kByte) {
       for (int g = 0; g < 8; ++g) u[g] = load256(c + 64 * g);
@@ -285,6 +278,7 @@ void k8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* 
     const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + 8 * h));
     return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
   };
+  AheadPrefetch ahead(grp);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* sp = super + (b / 8) * L::kSuper;
     const int sub = static_cast<int>(b % 8);
@@ -293,14 +287,7 @@ void k8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* 
       if constexpr (K != KKind::kQ6K) dminv = half8(sp + 32);
     }
     const uint8_t* c = codes + b * L::kCodes + 32 * h;
-    {
-      constexpr int64_t kAhead = kAheadBytes / static_cast<int64_t>(L::kCodes + L::kHigh);
-      for (size_t i = 0; i < L::kCodes; i += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(c) + kAhead * L::kCodes + i, _MM_HINT_T1);
-      for (size_t i = 0; i < L::kHigh; i += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(high + (b + kAhead) * L::kHigh + i),
-                     _MM_HINT_T1);
-    }
+    ahead.upto(static_cast<size_t>(b + 1) * L::kGroupPerSuper / 8);
     __m256i u[8];
     for (int i = 0; i < 4; ++i) {
       const __m256i w = load256(c + 64 * i);
