@@ -157,6 +157,8 @@ struct I4D {
   }
 };
 
+#include "r16_layout.h"  // IWYU pragma: keep (inside the ISA namespace)
+
 // ---- the tile ---------------------------------------------------------------------
 template <typename Dec, int R, int T>
 void q_tile(const Dec* rows, size_t row_bytes, int64_t nu, const BlockQ8Act* const* x, float* out,
@@ -165,14 +167,15 @@ void q_tile(const Dec* rows, size_t row_bytes, int64_t nu, const BlockQ8Act* con
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   const __m512i zero = _mm512_setzero_si512();
+  // The R rows lie back to back: one linear stream, consumed evenly over the
+  // units (R short rows read side by side are too broken up a pattern for
+  // the hardware prefetcher to run far enough ahead on its own).
+  const auto* base = static_cast<const uint8_t*>(rows[0].at(0));
+  AheadPrefetch ahead(base);
   for (int64_t u = 0; u < nu; ++u) {
+    ahead.upto(static_cast<size_t>(u + 1) * R * row_bytes / static_cast<size_t>(nu));
     Unit w[R];
-    for (int r = 0; r < R; ++r) {
-      // The rows of the next group: a stream of short rows is too broken up
-      // for the hardware prefetcher to run far enough ahead on its own.
-      _mm_prefetch(static_cast<const char*>(rows[r].at(u)) + R * row_bytes, _MM_HINT_T0);
-      rows[r].unit(u, w[r]);
-    }
+    for (int r = 0; r < R; ++r) rows[r].unit(u, w[r]);
     for (int t = 0; t < T; ++t) {
       const BlockQ8Act* xb = x[t] + 2 * u;
       const __m512i xq = join(xb[0].q, xb[1].q);
@@ -245,8 +248,6 @@ void q_matmul_tile(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k
     q_tokens<Dec, 1>(rows, row_bytes, nu, acts, act_stride, n_tokens, out + r, ldy);
   }
 }
-
-#include "r16_layout.h"  // IWYU pragma: keep (inside the ISA namespace)
 
 inline __m512i bcast4(const int8_t* q) {
   return _mm512_set1_epi32(static_cast<int>(read_u32(q)));
@@ -511,13 +512,12 @@ void nf4_tile(const uint8_t* const* rows, int64_t nb, const float* const* x, flo
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  AheadPrefetch ahead(rows[0]);  // the R rows lie back to back (nf4_matmul_tile)
   for (int64_t b = 0; b < nb; ++b) {
+    ahead.upto(static_cast<size_t>(b + 1) * R * sizeof(BlockNF4));
     __m512 v[R][4];
-    for (int r = 0; r < R; ++r) {
-      const BlockNF4* blk = reinterpret_cast<const BlockNF4*>(rows[r]) + b;
-      _mm_prefetch(reinterpret_cast<const char*>(blk) + 2048, _MM_HINT_T0);
-      nf4_block(*blk, book, v[r]);
-    }
+    for (int r = 0; r < R; ++r)
+      nf4_block(reinterpret_cast<const BlockNF4*>(rows[r])[b], book, v[r]);
     for (int t = 0; t < T; ++t) {
       for (int q = 0; q < 4; ++q) {
         const __m512 xv = _mm512_loadu_ps(x[t] + 64 * b + 16 * q);

@@ -55,7 +55,6 @@ struct IntRow {
     }
   }
   float chunk_scale(int64_t) const { return 1.0f; }
-  const uint8_t* prefetch_at(int64_t b) const { return kNibbles ? q + 16 * b : q + 32 * b; }
 };
 
 // s8 weights x s8 activations, exact in 32-bit lanes (|w| <= 127).
@@ -74,13 +73,12 @@ void dot_int_rows(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64
     rows[r] = Row(w + r * row_bytes, nb);
     acc[r] = _mm256_setzero_ps();
   }
+  simd::AheadPrefetch ahead(w);  // the R rows, back to back: one stream
   for (int64_t b = 0; b < nb; ++b) {
+    if (prefetch) ahead.upto(static_cast<size_t>(b + 1) * R * row_bytes / static_cast<size_t>(nb));
     const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].q));
     for (int r = 0; r < R; ++r) {
       const Row& row = rows[r];
-      if (prefetch)
-        _mm_prefetch(reinterpret_cast<const char*>(row.prefetch_at(b)) + R * row_bytes,
-                     _MM_HINT_T0);
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(row.chunk_scale(b) * x[b].d),
                                dot_s8_s8(row.levels(b), qx), acc[r]);
     }
@@ -223,11 +221,11 @@ void dot_nf4_rows(const BlockNF4* const* rows, const float* x, int64_t nb, float
   static const NF4Planes t;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  simd::AheadPrefetch ahead(rows[0]);  // the R rows lie back to back
   for (int64_t b = 0; b < nb; ++b) {
+    if (prefetch) ahead.upto(static_cast<size_t>(b + 1) * R * row_bytes / static_cast<size_t>(nb));
     const float* xb = x + 64 * b;
     for (int r = 0; r < R; ++r) {
-      if (prefetch)
-        _mm_prefetch(reinterpret_cast<const char*>(&rows[r][b]) + R * row_bytes, _MM_HINT_T0);
       __m256 a = acc[r];
       nf4_block(rows[r][b], t, [&a, xb](int at, __m256 w) {
         a = _mm256_fmadd_ps(w, _mm256_loadu_ps(xb + at), a);

@@ -75,12 +75,9 @@ void rows_dot(const uint8_t* w, size_t row_bytes, const BlockQ8Act* x, int64_t n
     acc[r] = _mm256_setzero_ps();
     off[r] = 0.0f;
   }
+  simd::AheadPrefetch ahead(w);  // the R rows, back to back: one stream
   for (int64_t b = 0; b < nb; ++b) {
-    if (prefetch && b % 4 == 0)
-      for (int r = 0; r < R; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * row_bytes) +
-                         (b * static_cast<int64_t>(row_bytes)) / nb,
-                     _MM_HINT_T0);
+    if (prefetch) ahead.upto(static_cast<size_t>(b + 1) * R * row_bytes / static_cast<size_t>(nb));
     for (int r = 0; r < R; ++r)
       acc[r] = apply<Dec>(Dec::decode(w + r * row_bytes, b), x[b], acc[r], off[r]);
   }

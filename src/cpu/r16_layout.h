@@ -40,29 +40,8 @@ inline int32_t code_dot(const uint8_t* u, const int8_t* q, int lo, int hi) {
 //     d:     per block 16 fp16        m (Q4_1): per block 16 fp16
 //     high bits (Q5_0): per block 8 x 64 bits, bit 4r + j of word g = the fifth
 //            bit of weight 4g + j of row r.
-#ifndef BARATA_R_AHEAD
-#define BARATA_R_AHEAD 16384
-#endif
+using simd::AheadPrefetch;
 
-// Software prefetch for the quantized group kernels: a group's sections and
-// the groups after it lie back to back, so the weights are one linear
-// stream. Per block the kernel says how many of the group's bytes it has
-// consumed, and every line up to BARATA_R_AHEAD bytes past that is
-// prefetched once, into L2 (prefetcht1), across section and group ends. (A
-// prefetch per section, each kAhead blocks ahead, ran behind: it left a
-// section's tail and the next group's head to demand misses.)
-class AheadPrefetch {
- public:
-  explicit AheadPrefetch(const uint8_t* grp)
-      : grp_(reinterpret_cast<uintptr_t>(grp)), next_(grp_ + BARATA_R_AHEAD) {}
-  void upto(size_t consumed) {
-    const uintptr_t end = grp_ + consumed + BARATA_R_AHEAD;
-    for (; next_ < end; next_ += 64) __builtin_prefetch(reinterpret_cast<const void*>(next_), 0, 2);
-  }
-
- private:
-  uintptr_t grp_, next_;
-};
 // kI4G128 / kI4Tensor: barata's int4 group-128 and per-tensor rows (stored
 // level + 8 in Q4_0's nibble order; d = the group's fp16 scale, or 1 with the
 // tensor's scale applied by the matmul driver), mv = -8 d: the kNib layout.

@@ -1,6 +1,7 @@
 // Small AVX2 helpers shared by the dot-product kernels. Internal.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #if defined(__AVX2__)
@@ -8,6 +9,30 @@
 #endif
 
 namespace barata::BARATA_ISA_NS::simd {
+
+#ifndef BARATA_R_AHEAD
+#define BARATA_R_AHEAD 16384
+#endif
+
+// Software prefetch for the quantized kernels whose weights are read as one
+// linear stream (a 16-row group's sections and the groups after it, or the
+// rows of a row tile, lie back to back). Per block the kernel says how many
+// bytes of the stream it has consumed, and every line up to BARATA_R_AHEAD
+// bytes past that is prefetched once, into L2 (prefetcht1), across section and group ends. (A
+// prefetch per section, each kAhead blocks ahead, ran behind: it left a
+// section's tail and the next group's head to demand misses.)
+class AheadPrefetch {
+ public:
+  explicit AheadPrefetch(const void* grp)
+      : grp_(reinterpret_cast<uintptr_t>(grp)), next_(grp_ + BARATA_R_AHEAD) {}
+  void upto(size_t consumed) {
+    const uintptr_t end = grp_ + consumed + BARATA_R_AHEAD;
+    for (; next_ < end; next_ += 64) __builtin_prefetch(reinterpret_cast<const void*>(next_), 0, 2);
+  }
+
+ private:
+  uintptr_t grp_, next_;
+};
 
 // The 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block (the
 // packing of llama.cpp's get_scale_min_k4, ggml-quants.c, b4748).
