@@ -4,7 +4,8 @@
 # nginx listens on PORT; the replicas on PORT+1 .. PORT+N. Each replica is
 # put in nginx's pool once its /health says ok. Runs until SIGTERM or Ctrl-C,
 # then stops nginx and drains the replicas (SIGTERM each). Logs and nginx's
-# files are in a temporary folder, printed at the start.
+# files are in a temporary folder, printed at the start and removed at the
+# end (BARATA_KEEP_LOGS=1 keeps it).
 # BARATA: the barata binary (default: build/barata).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +23,7 @@ cleanup() {
   [ -f "$DIR/nginx.pid" ] && kill "$(cat "$DIR/nginx.pid")" 2>/dev/null || true
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  [ "${BARATA_KEEP_LOGS:-0}" = 1 ] || rm -rf "$DIR"
 }
 trap cleanup EXIT
 trap 'exit 0' TERM INT
