@@ -272,8 +272,9 @@ inline __m512 block_step(const __m512i u[8], __m512 dv, __m512 mv, const BlockQ8
   return _mm512_fmadd_ps(mv, _mm512_set1_ps(xb.s), acc);
 }
 
-// Software prefetch (AheadPrefetch, r16_layout.h): the group's bytes
-// BARATA_R_AHEAD ahead, into L2 (prefetcht1). Measured on the Qwen 0.5B
+// Software prefetch (simd::AheadPrefetch, simd.h): the group's bytes
+// BARATA_R_AHEAD ahead into L2 (prefetcht1), BARATA_R_NEAR ahead into L1.
+// The L2 distance was chosen when each section was prefetched alone. Measured on the Qwen 0.5B
 // shape's Q4_0 decode at t=1 (2026-12-04, Zen 5 VM), per section: prefetcht0
 // 4 KiB ahead 47 tokens/s; prefetcht1 4 KiB 61, 8 KiB 72, 16 KiB 76-82, 32
 // KiB 81-83. An L1 prefetch holds one of the few L1 miss buffers until its

@@ -4,7 +4,7 @@
 // 16 rows per vector) and the AVX2 ones (dot_r8.cpp, each group as two
 // halves of 8 rows). Plain C++; included by a kernel file inside its ISA
 // namespace's anonymous namespace (see dot.h: nothing here may have vague
-// linkage outside it). Needs read_u32, load256, simd::scale_min and the
+// linkage outside it). Needs read_u32, load256, simd::scale_min, simd::AheadPrefetch and the
 // quant_blocks.h types.
 #pragma once
 
