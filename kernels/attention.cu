@@ -32,6 +32,7 @@
 #include <string>
 
 #include "common.cuh"
+#include "kv_codec.cuh"
 #include "softmax_merge.cuh"
 
 namespace barata::cuda {
@@ -68,7 +69,8 @@ struct Smem {
   float q[kItems * kMaxHd];
   float k[kKeyTile * kStride];
   float v[kKeyTile * kStride];
-  int64_t tok[kKeyTile];  // pool offset of each tile token's K (head included); -1: none
+  int64_t tok[kKeyTile];   // pool byte offset of each tile token's K (head included); -1: none
+  int64_t tokv[kKeyTile];  // and of its V
 };
 static_assert(sizeof(Smem<64>) <= 48 * 1024);
 static_assert(sizeof(Smem<128>) <= 48 * 1024);
@@ -83,26 +85,47 @@ struct ItemState {
 };
 
 // Loads the K and V tile of positions [b0, b0 + 16) of KV head kvh, zeros past
-// `last`. Called by the whole CTA after the previous tile was consumed.
+// `last`. Called by the whole CTA after the previous tile was consumed. An
+// fp16 cache is read in 16-byte (or 4-byte) words; a quantized one a group
+// of 8 values per thread, decoded with kv_codec.cuh (the CPU's values).
 template <int kMaxHd>
 __device__ __forceinline__ void load_kv_tile(Smem<kMaxHd>& sm, const KvDeviceView& kv,
                                              int32_t table, int kvh, int hd, int b0, int last) {
   constexpr int kStride = Smem<kMaxHd>::kStride;
   if (threadIdx.x < kKeyTile) {
     const int p = b0 + static_cast<int>(threadIdx.x);
-    sm.tok[threadIdx.x] =
-        p <= last ? kv_offset(kv, kv_slot(kv, table, p), 0) + static_cast<int64_t>(kvh) * hd : -1;
+    const int64_t slot = p <= last ? kv_slot(kv, table, p) : -1;
+    // The head's bytes: hd values of the row's type.
+    sm.tok[threadIdx.x] = slot >= 0 ? kv_offset(kv, slot, 0) +
+                                          static_cast<int64_t>(kvh) * kv_head_bytes(kv.k_type, hd)
+                                    : -1;
+    sm.tokv[threadIdx.x] = slot >= 0 ? kv_offset(kv, slot, 1) +
+                                           static_cast<int64_t>(kvh) * kv_head_bytes(kv.v_type, hd)
+                                     : -1;
   }
   __syncthreads();
-  // V of a token sits block_tokens * kv_dim after its K (kv_view.cuh layout).
-  const int64_t v_delta = static_cast<int64_t>(kv.block_tokens) * kv.kv_dim;
-  const uint16_t* pool = kv.pool;
-  if (hd % 8 == 0 && (reinterpret_cast<uintptr_t>(pool) & 15) == 0) {
-    // 16-byte loads: every offset is a multiple of 8 halves when hd is.
+  const uint8_t* pool = kv.pool;
+  if (kv.k_type != KvType::kF16 || kv.v_type != KvType::kF16) {
+    const int units = hd / 8;
+    for (int i = threadIdx.x; i < 2 * kKeyTile * units; i += blockDim.x) {
+      const int is_v = i >= kKeyTile * units;
+      const int r = i - is_v * kKeyTile * units;
+      const int t = r / units, u = r - t * units;
+      const int64_t off = is_v ? sm.tokv[t] : sm.tok[t];
+      float* dst = (is_v ? sm.v : sm.k) + t * kStride + 8 * u;
+      if (off < 0) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dst[e] = 0.0f;
+        continue;
+      }
+      kv_decode8(is_v ? kv.v_type : kv.k_type, pool + off, 8 * u, dst);
+    }
+  } else if (hd % 8 == 0 && (reinterpret_cast<uintptr_t>(pool) & 15) == 0) {
+    // 16-byte loads: every offset is a multiple of 16 bytes when hd is of 8 halves.
     const int units = hd / 8;
     for (int i = threadIdx.x; i < kKeyTile * units; i += blockDim.x) {
       const int t = i / units, u = i - t * units;
-      const int64_t off = sm.tok[t];
+      const int64_t off = sm.tok[t], offv = sm.tokv[t];
       float* kd = sm.k + t * kStride + 8 * u;
       float* vd = sm.v + t * kStride + 8 * u;
       if (off < 0) {
@@ -110,8 +133,8 @@ __device__ __forceinline__ void load_kv_tile(Smem<kMaxHd>& sm, const KvDeviceVie
         for (int e = 0; e < 8; ++e) kd[e] = vd[e] = 0.0f;
         continue;
       }
-      const uint4 kw = *reinterpret_cast<const uint4*>(pool + off + 8 * u);
-      const uint4 vw = *reinterpret_cast<const uint4*>(pool + off + v_delta + 8 * u);
+      const uint4 kw = *reinterpret_cast<const uint4*>(pool + off + 16 * u);
+      const uint4 vw = *reinterpret_cast<const uint4*>(pool + offv + 16 * u);
       const uint32_t kk[4] = {kw.x, kw.y, kw.z, kw.w};
       const uint32_t vv[4] = {vw.x, vw.y, vw.z, vw.w};
 #pragma unroll
@@ -123,19 +146,19 @@ __device__ __forceinline__ void load_kv_tile(Smem<kMaxHd>& sm, const KvDeviceVie
       }
     }
   } else {
-    // 4-byte loads: hd is even, and so is every offset.
+    // 4-byte loads: hd is even, and so is every offset in halves.
     const int units = hd / 2;
     for (int i = threadIdx.x; i < kKeyTile * units; i += blockDim.x) {
       const int t = i / units, u = i - t * units;
-      const int64_t off = sm.tok[t];
+      const int64_t off = sm.tok[t], offv = sm.tokv[t];
       float* kd = sm.k + t * kStride + 2 * u;
       float* vd = sm.v + t * kStride + 2 * u;
       if (off < 0) {
         kd[0] = kd[1] = vd[0] = vd[1] = 0.0f;
         continue;
       }
-      const uint32_t kw = *reinterpret_cast<const uint32_t*>(pool + off + 2 * u);
-      const uint32_t vw = *reinterpret_cast<const uint32_t*>(pool + off + v_delta + 2 * u);
+      const uint32_t kw = *reinterpret_cast<const uint32_t*>(pool + off + 4 * u);
+      const uint32_t vw = *reinterpret_cast<const uint32_t*>(pool + offv + 4 * u);
       kd[0] = fp16_bits_to_float(static_cast<uint16_t>(kw & 0xffffu));
       kd[1] = fp16_bits_to_float(static_cast<uint16_t>(kw >> 16));
       vd[0] = fp16_bits_to_float(static_cast<uint16_t>(vw & 0xffffu));
@@ -405,6 +428,12 @@ void check_args(const char* what, const AttnArgs& a, const KvDeviceView& kv) {
     throw Error(w + ": KV view kv_dim " + std::to_string(kv.kv_dim) +
                 " is not n_head_kv * head_dim");
   if (kv.block_tokens <= 0) throw Error(w + ": KV view has no block size");
+  if ((kv.k_type != KvType::kF16 || kv.v_type != KvType::kF16) && a.head_dim % 32 != 0)
+    throw Error(w + ": a quantized KV cache needs head_dim a multiple of 32, not " +
+                std::to_string(a.head_dim));
+  if (kv.k_row != kv_row_bytes(kv.k_type, kv.kv_dim) ||
+      kv.v_row != kv_row_bytes(kv.v_type, kv.kv_dim))
+    throw Error(w + ": KV view row sizes do not match its types");
 }
 
 int hd_class(int hd) {

@@ -76,6 +76,52 @@ void rope_tables(const ModelConfig& c, int64_t p0, int64_t p1, float* cos, float
     }
 }
 
+std::vector<float> key_offsets(const Model& model, int64_t n_ctx) {
+  const ModelConfig& c = model.config();
+  const int64_t hd = c.head_dim, kv_dim = c.n_head_kv * hd, half = c.rope_dims / 2;
+  std::vector<float> out(static_cast<size_t>(c.n_layer * kv_dim), 0.0f);
+  // Mean cos and sin per pair over the positions, plain and sliding-window tables.
+  std::vector<double> mean[2][2];
+  constexpr int64_t kChunk = 1024;
+  std::vector<float> cs(static_cast<size_t>(kChunk * half)), sn(cs.size());
+  const int64_t n = std::max<int64_t>(n_ctx, 1);
+  for (int swa = 0; swa < (c.n_swa > 0 ? 2 : 1); ++swa) {
+    mean[swa][0].assign(static_cast<size_t>(half), 0.0);
+    mean[swa][1].assign(static_cast<size_t>(half), 0.0);
+    for (int64_t p0 = 0; p0 < n; p0 += kChunk) {
+      const int64_t p1 = std::min(n, p0 + kChunk);
+      rope_tables(c, p0, p1, cs.data(), sn.data(), n_ctx, swa == 1);
+      for (int64_t p = 0; p < p1 - p0; ++p)
+        for (int64_t i = 0; i < half; ++i) {
+          mean[swa][0][static_cast<size_t>(i)] += cs[static_cast<size_t>(p * half + i)];
+          mean[swa][1][static_cast<size_t>(i)] += sn[static_cast<size_t>(p * half + i)];
+        }
+    }
+    for (auto& m : mean[swa])
+      for (double& x : m) x /= static_cast<double>(n);
+  }
+  const bool neox = c.rope_style == RopeStyle::kNeox;
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::vector<float>& b = model.layers()[static_cast<size_t>(l)].bk;
+    if (b.empty()) continue;
+    const int swa = c.is_swa(l) ? 1 : 0;
+    float* o = out.data() + l * kv_dim;
+    for (int64_t h = 0; h < c.n_head_kv; ++h) {
+      const float* bh = b.data() + h * hd;
+      float* oh = o + h * hd;
+      for (int64_t i = 0; i < hd; ++i) oh[i] = bh[i];  // past rope_dims: not rotated
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t a = neox ? i : 2 * i, z = neox ? i + half : 2 * i + 1;
+        const double mc = mean[swa][0][static_cast<size_t>(i)];
+        const double ms = mean[swa][1][static_cast<size_t>(i)];
+        oh[a] = static_cast<float>(bh[a] * mc - bh[z] * ms);
+        oh[z] = static_cast<float>(bh[a] * ms + bh[z] * mc);
+      }
+    }
+  }
+  return out;
+}
+
 #ifdef BARATA_HAVE_CUDA
 namespace {
 

@@ -14,7 +14,7 @@ Engine::Engine(const Model& model, EngineOptions opts)
 Engine::Engine(const Model& model, EngineOptions opts, std::unique_ptr<Backend> backend)
     : model_(model),
       n_ctx_(opts.n_ctx > 0 ? opts.n_ctx : model.config().n_ctx_train),
-      kv_layout_(kv_layout_for(model.config(), opts.swa_full)),
+      kv_layout_(kv_layout_for(model.config(), opts.swa_full, opts.cache_k, opts.cache_v)),
       // The pool holds cache_tokens tokens of every layer, in blocks of a
       // group's layers.
       blocks_(((opts.cache_tokens > 0 ? opts.cache_tokens : n_ctx_) + kKvBlockTokens - 1) /
@@ -32,7 +32,8 @@ Engine::Engine(const Model& model, EngineOptions opts, std::unique_ptr<Backend> 
 Engine::~Engine() = default;
 
 int64_t Engine::kv_sequence_bytes(int64_t len) const {
-  return barata::kv_sequence_bytes(model_.config(), len, !blocks_.has_sliding_groups());
+  return barata::kv_sequence_bytes(model_.config(), len, !blocks_.has_sliding_groups(),
+                                   kv_layout_.k_type, kv_layout_.v_type);
 }
 
 int Engine::n_threads() const {

@@ -14,7 +14,7 @@
 namespace barata {
 
 int64_t kv_sequence_bytes(int64_t len, int64_t n_full, int64_t n_sliding, int64_t window,
-                          int64_t kv_dim, int64_t keep_back) {
+                          int64_t pair_bytes, int64_t keep_back) {
   constexpr int64_t B = kKvBlockTokens;
   const int64_t blocks = (std::max<int64_t>(len, 0) + B - 1) / B;
   // The last append (position len - 1) released what position len - window
@@ -22,18 +22,24 @@ int64_t kv_sequence_bytes(int64_t len, int64_t n_full, int64_t n_sliding, int64_
   const int64_t released =
       window > 0 ? std::clamp<int64_t>((len - window - keep_back) / B, 0, blocks) : 0;
   const int64_t sliding = blocks - released;
-  const int64_t per_layer_block = 2 * B * kv_dim * 2;
+  const int64_t per_layer_block = B * pair_bytes;
   return (n_full * blocks + n_sliding * sliding) * per_layer_block;
 }
 
-int64_t kv_sequence_bytes(const ModelConfig& c, int64_t len, bool swa_full) {
+int64_t kv_sequence_bytes(const ModelConfig& c, int64_t len, bool swa_full, KvType k, KvType v) {
   const int64_t sliding = !swa_full && c.n_swa > 0 ? c.n_swa_layers : 0;
+  const int64_t kv_dim = c.n_head_kv * c.head_dim;
   return kv_sequence_bytes(len, c.n_layer - sliding, sliding, sliding > 0 ? c.n_swa : 0,
-                           c.n_head_kv * c.head_dim, KvBlockManager::kDefaultKeepBack);
+                           kv_row_bytes(k, kv_dim) + kv_row_bytes(v, kv_dim),
+                           KvBlockManager::kDefaultKeepBack);
 }
 
-KvLayout kv_layout_for(const ModelConfig& c, bool swa_full) {
-  KvLayout L = KvLayout::uniform(c.n_layer, c.n_head_kv * c.head_dim);
+KvLayout kv_layout_for(const ModelConfig& c, bool swa_full, KvType k, KvType v) {
+  check_kv_type(k, c.head_dim, "--cache-type-k");
+  check_kv_type(v, c.head_dim, "--cache-type-v");
+  if (kv_type_info(v).k_only)
+    fail("--cache-type-v: {} rotates keys only; V takes {}", kv_type_name(v), kv_type_names(false));
+  KvLayout L = KvLayout::uniform(c.n_layer, c.n_head_kv * c.head_dim, k, v);
   const int64_t n_local = c.n_swa > 0 ? c.n_swa_layers : 0;
   if (swa_full || n_local == 0) return L;
   if (n_local == c.n_layer) {  // every layer windowed: one group that slides
@@ -521,7 +527,7 @@ HostKvPool::HostKvPool(const KvLayout& layout, int64_t n_blocks)
   if (p == MAP_FAILED)
     fail("KV cache: cannot map {} MiB for {} blocks: {} (lower -c)", mapped_bytes_ >> 20, n_blocks,
          std::strerror(errno));
-  base_ = static_cast<uint16_t*>(p);
+  base_ = static_cast<uint8_t*>(p);
 }
 
 HostKvPool::~HostKvPool() {
@@ -544,8 +550,8 @@ void PagedKvCache::append(int seq, int64_t n) {
 
 uint16_t* PagedKvCache::slot(int64_t layer, int seq, int64_t pos, int kv) const {
   const std::vector<int32_t>& t = blocks_.table(seq);
-  return pool_.block(t[static_cast<size_t>(pos / kBlockTokens)]) +
-         pool_.layout().offset(layer, kv, pos % kBlockTokens);
+  return reinterpret_cast<uint16_t*>(pool_.block(t[static_cast<size_t>(pos / kBlockTokens)]) +
+                                     pool_.layout().offset(layer, kv, pos % kBlockTokens));
 }
 
 }  // namespace barata

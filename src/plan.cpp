@@ -132,7 +132,7 @@ ModelShape preset(std::string_view name, WeightFormat format) {
 
 int64_t ModelShape::kv_bytes_for(int64_t len) const {
   const int64_t sw = sliding() ? n_swa_layers : 0;
-  return kv_sequence_bytes(len, n_layer - sw, sw, sliding() ? n_swa : 0, n_head_kv * head_dim,
+  return kv_sequence_bytes(len, n_layer - sw, sw, sliding() ? n_swa : 0, kv_pair_bytes(),
                            KvBlockManager::kDefaultKeepBack);
 }
 
@@ -159,9 +159,13 @@ int64_t context_per_user(const ModelShape& m, int64_t free_bytes, int64_t users,
                          [&](int64_t len) { return m.kv_bytes_for(len) <= free_bytes / users; });
 }
 
-ModelShape from_gguf(const GgufFile& f, std::optional<WeightFormat> format, bool swa_full) {
+ModelShape from_gguf(const GgufFile& f, std::optional<WeightFormat> format, bool swa_full, KvType k,
+                     KvType v) {
   const ModelConfig c = ModelConfig::from_gguf(f);
+  kv_layout_for(c, swa_full, k, v);  // checks the cache types against the head size
   ModelShape m;
+  m.k_type = k;
+  m.v_type = v;
   m.name = f.name();
   m.from_file = true;
   m.format = format;
@@ -246,23 +250,26 @@ std::string users_and_contexts(int64_t n_ctx, const std::function<int64_t(int64_
 
 }  // namespace
 
-std::string describe_kv_pool(int64_t pool_tokens, int64_t n_ctx, int64_t bytes_per_token) {
+std::string describe_kv_pool(int64_t pool_tokens, int64_t n_ctx, int64_t bytes_per_token,
+                             std::string_view types) {
   pool_tokens = std::max<int64_t>(pool_tokens, 0);
   n_ctx = std::max<int64_t>(n_ctx, 1);
   return fmt::format(
-             "KV pool: {} tokens ({}, fp16): ", pool_tokens,
-             mib_or_gib(static_cast<double>(pool_tokens) * static_cast<double>(bytes_per_token))) +
+             "KV pool: {} tokens ({}, {}): ", pool_tokens,
+             mib_or_gib(static_cast<double>(pool_tokens) * static_cast<double>(bytes_per_token)),
+             types) +
          users_and_contexts(n_ctx, [&](int64_t u) { return std::min(n_ctx, pool_tokens / u); });
 }
 
 std::string describe_kv_pool_bytes(int64_t pool_bytes, int64_t n_ctx,
-                                   const std::function<int64_t(int64_t)>& seq_bytes) {
+                                   const std::function<int64_t(int64_t)>& seq_bytes,
+                                   std::string_view types) {
   n_ctx = std::max<int64_t>(n_ctx, 1);
   auto context_for = [&](int64_t u) {  // the longest context u users fit
     return largest_fitting(n_ctx, [&](int64_t len) { return seq_bytes(len) * u <= pool_bytes; });
   };
-  return fmt::format("KV pool: {} (fp16; sliding-window layers keep their window): ",
-                     mib_or_gib(static_cast<double>(std::max<int64_t>(pool_bytes, 0)))) +
+  return fmt::format("KV pool: {} ({}; sliding-window layers keep their window): ",
+                     mib_or_gib(static_cast<double>(std::max<int64_t>(pool_bytes, 0))), types) +
          users_and_contexts(n_ctx, context_for);
 }
 

@@ -254,8 +254,8 @@ void BackendOps::check_all_ops() {
       std::vector<double> kref;
       for (int64_t h = 0; h < c.n_head_kv; ++h)
         rope(k.data() + t * kvd + h * hd, batch_.positions[t], kref);
-      be_->kv_to_host(0, 0, batch_.rows[t].slot, kc.data());
-      be_->kv_to_host(0, 1, batch_.rows[t].slot, vc.data());
+      be_->kv_to_host(0, 0, batch_.rows[t].slot, reinterpret_cast<uint8_t*>(kc.data()));
+      be_->kv_to_host(0, 1, batch_.rows[t].slot, reinterpret_cast<uint8_t*>(vc.data()));
       for (int64_t i = 0; i < kvd; ++i) {
         worst =
             std::max(worst, std::fabs(fp16_to_fp32(kc[i]) - kref[i]) / (std::fabs(kref[i]) + 1e-3));
@@ -282,8 +282,8 @@ void BackendOps::check_all_ops() {
       for (int64_t p = 0; p < n; ++p) {
         const int32_t slot =
             table[p / kKvBlockTokens] * int32_t(kKvBlockTokens) + p % kKvBlockTokens;
-        be_->kv_to_host(0, 0, slot, kc.data());
-        be_->kv_to_host(0, 1, slot, vc.data());
+        be_->kv_to_host(0, 0, slot, reinterpret_cast<uint8_t*>(kc.data()));
+        be_->kv_to_host(0, 1, slot, reinterpret_cast<uint8_t*>(vc.data()));
         for (int64_t i = 0; i < kvd; ++i) {
           K[p].push_back(fp16_to_fp32(kc[i]));
           V[p].push_back(fp16_to_fp32(vc[i]));

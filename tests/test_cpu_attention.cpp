@@ -13,6 +13,7 @@
 
 #include "barata/batch.h"
 #include "barata/half.h"
+#include "barata/kv_types.h"
 #include "cpu/dot.h"
 #include "cpu/isa.h"
 
@@ -21,30 +22,44 @@ namespace {
 
 constexpr int64_t kB = 16;  // keys per cache block
 
-// A one-layer paged cache: blocks of [K: 16 x kv_dim][V: 16 x kv_dim], fp16,
-// the positions of one sequence spread over a shuffled block table.
+// A one-layer paged cache of K type kt and V type vt: blocks of [K: 16 rows]
+// [V: 16 rows], the positions of one sequence spread over a shuffled block
+// table.
 struct Cache {
   int64_t kv_dim = 0, n_pos = 0;
-  std::vector<uint16_t> pool;
+  KvType kt = KvType::kF16, vt = KvType::kF16;
+  std::vector<uint8_t> pool;
   std::vector<int32_t> table;
-  int64_t block_elems() const { return 2 * kB * kv_dim; }
+  int64_t row(int kv) const { return kv_row_bytes(kv == 0 ? kt : vt, kv_dim); }
+  int64_t block_bytes() const { return kB * (row(0) + row(1)); }
 
-  Cache(int64_t kv_dim_, int64_t n_pos_, std::mt19937& rng) : kv_dim(kv_dim_), n_pos(n_pos_) {
+  Cache(int64_t kv_dim_, int64_t n_pos_, std::mt19937& rng, KvType k = KvType::kF16,
+        KvType v = KvType::kF16)
+      : kv_dim(kv_dim_), n_pos(n_pos_), kt(k), vt(v) {
     const int64_t n_blocks = (n_pos + kB - 1) / kB + 3;  // a few blocks no one uses
     table.resize(static_cast<size_t>(n_blocks));
     std::iota(table.begin(), table.end(), 0);
     std::shuffle(table.begin(), table.end(), rng);
-    // Unused slots hold NaN: a kernel that reads past a query's keys shows.
-    pool.assign(static_cast<size_t>(n_blocks * block_elems()), 0x7e00);
+    // Unused slots hold NaN bytes (fp16 and scale 0x7e7e, fp8 0x7e is 448
+    // with a NaN scale): a kernel that reads past a query's keys shows.
+    pool.assign(static_cast<size_t>(n_blocks * block_bytes()), 0x7e);
     std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(kv_dim));
     for (int64_t p = 0; p < n_pos; ++p)
-      for (int kv = 0; kv < 2; ++kv)
-        for (int64_t i = 0; i < kv_dim; ++i)
-          at(kv, p)[i] = fp32_to_fp16(nd(rng) * (kv == 0 ? 1.5f : 1.0f));
+      for (int kv = 0; kv < 2; ++kv) {
+        for (float& e : x) e = nd(rng) * (kv == 0 ? 1.5f : 1.0f);
+        kv_quantize_row(kv == 0 ? kt : vt, x.data(), at(kv, p), kv_dim);
+      }
   }
-  uint16_t* at(int kv, int64_t p) {
-    return pool.data() + table[static_cast<size_t>(p / kB)] * block_elems() +
-           (kv * kB + p % kB) * kv_dim;
+  uint8_t* at(int kv, int64_t p) {
+    return pool.data() + table[static_cast<size_t>(p / kB)] * block_bytes() +
+           (kv == 0 ? 0 : kB * row(0)) + (p % kB) * row(kv);
+  }
+  // The values attention must see: the reference codec's.
+  std::vector<float> values(int kv, int64_t p) {
+    std::vector<float> v(static_cast<size_t>(kv_dim));
+    kv_dequantize_row(kv == 0 ? kt : vt, at(kv, p), v.data(), kv_dim);
+    return v;
   }
 };
 
@@ -58,15 +73,31 @@ AttnArgs args_for(const Shape& s, const Cache& c, const float* q, float* out,
                   out,
                   rows.data(),
                   c.pool.data(),
-                  c.block_elems(),
+                  c.block_bytes(),
                   0,
-                  kB * c.kv_dim,
+                  kB * c.row(0),
+                  c.row(0),
+                  c.row(1),
+                  c.kt,
+                  c.vt,
                   s.hd,
                   s.n_head * s.hd,
                   s.n_head_kv * s.hd,
                   s.n_head / s.n_head_kv,
                   1.0f / std::sqrt(static_cast<float>(s.hd)),
                   s.window};
+}
+
+// The cache types attention reads (a rotated type is read as its storage
+// type; the rotation is rope_kv's), K and V mixed as a user may.
+struct Types {
+  KvType k, v;
+};
+constexpr Types kTypes[] = {{KvType::kF16, KvType::kF16},   {KvType::kQ8_0, KvType::kQ8_0},
+                            {KvType::kQ4_0, KvType::kQ4_0}, {KvType::kFp8, KvType::kFp8},
+                            {KvType::kQ8_0, KvType::kF16},  {KvType::kF16, KvType::kQ4_0}};
+bool quantized(const Types& t) {
+  return t.k != KvType::kF16 || t.v != KvType::kF16;
 }
 
 // Every token of a run of positions, every KV head, items of up to `per`
@@ -90,50 +121,60 @@ TEST_P(CpuAttention, MatchesFloat64ReferenceOverAPagedCache) {
   std::mt19937 rng(11);
   const Shape shapes[] = {{64, 14, 2, 0}, {64, 9, 3, 0},  {8, 4, 4, 0},
                           {12, 6, 2, 0},  {96, 8, 1, 40}, {256, 4, 1, 21}};
-  for (const Shape& s : shapes) {
-    const int64_t n_pos = 83, q_dim = s.n_head * s.hd, group = s.n_head / s.n_head_kv;
-    Cache c(s.n_head_kv * s.hd, n_pos, rng);
-    // A prefill of the last 37 positions (keys before them already cached).
-    const int64_t T = 37, p0 = n_pos - T;
-    std::vector<BatchRowMeta> rows(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) rows[static_cast<size_t>(t)].pos = static_cast<int32_t>(p0 + t);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> q(static_cast<size_t>(T * q_dim)), out(q.size(), NAN);
-    for (float& x : q) x = nd(rng);
-    const CpuAttendFn f = cpu_attend(GetParam(), s.hd);
-    ASSERT_NE(f, nullptr);
-    const AttnArgs a = args_for(s, c, q.data(), out.data(), rows);
-    run_all(f, a, c.table.data(), T, s.n_head_kv, std::max<int64_t>(1, kAttnMaxQueries / group));
-    double worst = 0.0;
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < s.n_head; ++h) {
-        const int64_t kvh = h / group, n = p0 + t + 1;
-        const int64_t first = s.window > 0 ? std::max<int64_t>(0, n - s.window) : 0;
-        const float* qh = q.data() + t * q_dim + h * s.hd;
-        std::vector<double> sc;
-        double mx = -INFINITY;
-        for (int64_t p = first; p < n; ++p) {
-          const uint16_t* k = c.at(0, p) + kvh * s.hd;
-          double d = 0.0;
-          for (int64_t i = 0; i < s.hd; ++i) d += static_cast<double>(qh[i]) * fp16_to_fp32(k[i]);
-          sc.push_back(d * a.scale);
-          mx = std::max(mx, sc.back());
-        }
-        double sum = 0.0;
-        for (double& x : sc) sum += (x = std::exp(x - mx));
-        for (int64_t i = 0; i < s.hd; ++i) {
-          double o = 0.0;
-          for (int64_t p = first; p < n; ++p)
-            o += sc[static_cast<size_t>(p - first)] * fp16_to_fp32(c.at(1, p)[kvh * s.hd + i]);
-          o /= sum;
-          const double got = out[static_cast<size_t>(t * q_dim + h * s.hd + i)];
-          ASSERT_TRUE(std::isfinite(got)) << "hd " << s.hd << " token " << t << " head " << h;
-          worst = std::max(worst, std::fabs(got - o));
-        }
+  for (const Types& ty : kTypes)
+    for (const Shape& s : shapes) {
+      if (quantized(ty) && s.hd % 32 != 0) continue;  // quantized rows: head_dim of 32s
+      const int64_t n_pos = 83, q_dim = s.n_head * s.hd, group = s.n_head / s.n_head_kv;
+      Cache c(s.n_head_kv * s.hd, n_pos, rng, ty.k, ty.v);
+      std::vector<std::vector<float>> kvals, vvals;  // what the cache holds, decoded once
+      for (int64_t p = 0; p < n_pos; ++p) {
+        kvals.push_back(c.values(0, p));
+        vvals.push_back(c.values(1, p));
       }
-    EXPECT_LT(worst, 2e-5) << "hd " << s.hd << " heads " << s.n_head << "/" << s.n_head_kv
-                           << " window " << s.window;
-  }
+      // A prefill of the last 37 positions (keys before them already cached).
+      const int64_t T = 37, p0 = n_pos - T;
+      std::vector<BatchRowMeta> rows(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t)
+        rows[static_cast<size_t>(t)].pos = static_cast<int32_t>(p0 + t);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::vector<float> q(static_cast<size_t>(T * q_dim)), out(q.size(), NAN);
+      for (float& x : q) x = nd(rng);
+      const CpuAttendFn f = cpu_attend(GetParam(), s.hd);
+      ASSERT_NE(f, nullptr);
+      const AttnArgs a = args_for(s, c, q.data(), out.data(), rows);
+      run_all(f, a, c.table.data(), T, s.n_head_kv, std::max<int64_t>(1, kAttnMaxQueries / group));
+      double worst = 0.0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < s.n_head; ++h) {
+          const int64_t kvh = h / group, n = p0 + t + 1;
+          const int64_t first = s.window > 0 ? std::max<int64_t>(0, n - s.window) : 0;
+          const float* qh = q.data() + t * q_dim + h * s.hd;
+          std::vector<double> sc;
+          double mx = -INFINITY;
+          for (int64_t p = first; p < n; ++p) {
+            const float* k = kvals[static_cast<size_t>(p)].data() + kvh * s.hd;
+            double d = 0.0;
+            for (int64_t i = 0; i < s.hd; ++i) d += static_cast<double>(qh[i]) * k[i];
+            sc.push_back(d * a.scale);
+            mx = std::max(mx, sc.back());
+          }
+          double sum = 0.0;
+          for (double& x : sc) sum += (x = std::exp(x - mx));
+          for (int64_t i = 0; i < s.hd; ++i) {
+            double o = 0.0;
+            for (int64_t p = first; p < n; ++p)
+              o += sc[static_cast<size_t>(p - first)] *
+                   vvals[static_cast<size_t>(p)][static_cast<size_t>(kvh * s.hd + i)];
+            o /= sum;
+            const double got = out[static_cast<size_t>(t * q_dim + h * s.hd + i)];
+            ASSERT_TRUE(std::isfinite(got)) << "hd " << s.hd << " token " << t << " head " << h;
+            worst = std::max(worst, std::fabs(got - o));
+          }
+        }
+      EXPECT_LT(worst, 2e-5) << "hd " << s.hd << " heads " << s.n_head << "/" << s.n_head_kv
+                             << " window " << s.window << " K " << kv_type_name(ty.k) << " V "
+                             << kv_type_name(ty.v);
+    }
 }
 
 // A query's output does not depend on the item it is computed in: the same
@@ -142,24 +183,27 @@ TEST_P(CpuAttention, MatchesFloat64ReferenceOverAPagedCache) {
 TEST_P(CpuAttention, AQueryGivesTheSameBitsInEveryItem) {
   std::mt19937 rng(12);
   const Shape shapes[] = {{64, 14, 2, 0}, {64, 9, 3, 0}, {12, 6, 2, 0}, {96, 8, 1, 20}};
-  for (const Shape& s : shapes) {
-    const int64_t n_pos = 70, T = 45, p0 = n_pos - T, q_dim = s.n_head * s.hd;
-    Cache c(s.n_head_kv * s.hd, n_pos, rng);
-    std::vector<BatchRowMeta> rows(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) rows[static_cast<size_t>(t)].pos = static_cast<int32_t>(p0 + t);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> q(static_cast<size_t>(T * q_dim));
-    for (float& x : q) x = nd(rng);
-    const CpuAttendFn f = cpu_attend(GetParam(), s.hd);
-    std::vector<float> ref(q.size());
-    run_all(f, args_for(s, c, q.data(), ref.data(), rows), c.table.data(), T, s.n_head_kv, T);
-    for (int64_t per : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{13}}) {
-      std::vector<float> out(q.size());
-      run_all(f, args_for(s, c, q.data(), out.data(), rows), c.table.data(), T, s.n_head_kv, per);
-      for (size_t i = 0; i < out.size(); ++i)
-        ASSERT_EQ(out[i], ref[i]) << "items of " << per << " tokens, element " << i;
+  for (const Types& ty : kTypes)
+    for (const Shape& s : shapes) {
+      if (quantized(ty) && s.hd % 32 != 0) continue;
+      const int64_t n_pos = 70, T = 45, p0 = n_pos - T, q_dim = s.n_head * s.hd;
+      Cache c(s.n_head_kv * s.hd, n_pos, rng, ty.k, ty.v);
+      std::vector<BatchRowMeta> rows(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t)
+        rows[static_cast<size_t>(t)].pos = static_cast<int32_t>(p0 + t);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::vector<float> q(static_cast<size_t>(T * q_dim));
+      for (float& x : q) x = nd(rng);
+      const CpuAttendFn f = cpu_attend(GetParam(), s.hd);
+      std::vector<float> ref(q.size());
+      run_all(f, args_for(s, c, q.data(), ref.data(), rows), c.table.data(), T, s.n_head_kv, T);
+      for (int64_t per : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{13}}) {
+        std::vector<float> out(q.size());
+        run_all(f, args_for(s, c, q.data(), out.data(), rows), c.table.data(), T, s.n_head_kv, per);
+        for (size_t i = 0; i < out.size(); ++i)
+          ASSERT_EQ(out[i], ref[i]) << "items of " << per << " tokens, element " << i;
+      }
     }
-  }
 }
 
 TEST_P(CpuAttention, GatedActivationsAreElementwiseAndAccurate) {

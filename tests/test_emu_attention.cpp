@@ -28,6 +28,7 @@
 #include "attention.cuh"
 #include "barata/error.h"
 #include "barata/half.h"
+#include "barata/kv_types.h"
 #include "softmax_merge.cuh"
 
 namespace barata {
@@ -39,7 +40,6 @@ using cuda::KvDeviceView;
 using cuda::PrefillTile;
 
 constexpr int kBlock = 16;
-constexpr uint16_t kNanBits = 0x7e00;
 
 struct Shape {
   int head_dim, n_head, n_head_kv;
@@ -50,54 +50,72 @@ std::string name(const Shape& s) {
          std::to_string(s.n_head_kv) + " heads";
 }
 
-// A pool of fp16 blocks holding several sequences whose blocks are scattered
-// (a random permutation of the pool), two layers, tests on layer 1.
+// A pool of blocks holding several sequences whose blocks are scattered (a
+// random permutation of the pool), two layers, tests on layer 1; K and V in
+// the cache types kt / vt (kv_types.h), written by the host's reference codec.
 class Cache {
  public:
-  Cache(const Shape& s, const std::vector<int>& lengths, std::mt19937& rng)
-      : shape_(s), kv_dim_(s.n_head_kv * s.head_dim) {
+  Cache(const Shape& s, const std::vector<int>& lengths, std::mt19937& rng,
+        KvType kt = KvType::kF16, KvType vt = KvType::kF16)
+      : shape_(s), kv_dim_(s.n_head_kv * s.head_dim), kt_(kt), vt_(vt) {
+    k_row_ = kv_row_bytes(kt, kv_dim_);
+    v_row_ = kv_row_bytes(vt, kv_dim_);
     int n_blocks = 0;
     for (int len : lengths) n_blocks += (len + kBlock - 1) / kBlock;
     n_blocks = 2 * n_blocks + 3;  // free blocks between the used ones
-    block_elems_ = 2LL * kLayers * kBlock * kv_dim_;
-    pool_.assign(static_cast<size_t>(n_blocks * block_elems_), kNanBits);
+    block_bytes_ = int64_t{kLayers} * kBlock * (k_row_ + v_row_);
+    // NaN everywhere (fp16 0x7e7e; a quantized block's scale too).
+    pool_.assign(static_cast<size_t>(n_blocks * block_bytes_), kNanByte);
     std::vector<int32_t> perm(static_cast<size_t>(n_blocks));
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(kv_dim_));
     size_t next = 0;
     for (int len : lengths) {
+      const int seq = static_cast<int>(lengths_.size());
       table_start_.push_back(static_cast<int32_t>(tables_.size()));
       lengths_.push_back(len);
+      values_.emplace_back();
       for (int b = 0; b < (len + kBlock - 1) / kBlock; ++b) tables_.push_back(perm[next++]);
       tables_.push_back(-1);  // a bad entry right after each table: must never be read
       for (int p = 0; p < len; ++p)
-        for (int kv = 0; kv < 2; ++kv)
-          for (int i = 0; i < kv_dim_; ++i)
-            pool_[static_cast<size_t>(offset(static_cast<int>(lengths_.size()) - 1, p, kv) + i)] =
-                fp32_to_fp16(u(rng));
+        for (int kv = 0; kv < 2; ++kv) {
+          for (float& e : x) e = u(rng);
+          uint8_t* dst = pool_.data() + offset(seq, p, kv);
+          kv_quantize_row(kv == 0 ? kt : vt, x.data(), dst, kv_dim_);
+          std::vector<float> back(x.size());
+          kv_dequantize_row(kv == 0 ? kt : vt, dst, back.data(), kv_dim_);
+          values_.back().push_back(std::move(back));
+        }
     }
   }
 
   KvDeviceView view() {
     KvDeviceView v;
     v.pool = pool_.data();
-    v.block_elems = block_elems_;
+    v.block_bytes = block_bytes_;
     v.layer = kLayer;
     v.kv_dim = kv_dim_;
     v.block_tokens = kBlock;
+    v.k_row = static_cast<int32_t>(k_row_);
+    v.v_row = static_cast<int32_t>(v_row_);
+    v.k_type = kt_;
+    v.v_type = vt_;
     v.block_tables = tables_.data();
     return v;
   }
 
-  // Element offset of K (kv 0) or V (kv 1) of position p of sequence seq.
+  // Byte offset of K (kv 0) or V (kv 1) of position p of sequence seq.
   int64_t offset(int seq, int p, int kv) const {
     const int64_t block = tables_[static_cast<size_t>(table_start_[seq] + p / kBlock)];
-    return block * block_elems_ + ((kLayer * 2LL + kv) * kBlock + p % kBlock) * kv_dim_;
+    return block * block_bytes_ + kLayer * int64_t{kBlock} * (k_row_ + v_row_) +
+           (kv == 0 ? 0 : kBlock * k_row_) + (p % kBlock) * (kv == 0 ? k_row_ : v_row_);
   }
+  // The value the cache holds (the reference codec's decoding).
   double at(int seq, int p, int kv, int head, int d) const {
-    return fp16_to_fp32(
-        pool_[static_cast<size_t>(offset(seq, p, kv) + head * shape_.head_dim + d)]);
+    return values_[static_cast<size_t>(seq)][static_cast<size_t>(2 * p + kv)]
+                  [static_cast<size_t>(head * shape_.head_dim + d)];
   }
   BatchRowMeta row(int seq, int pos) const {
     BatchRowMeta m;
@@ -110,12 +128,15 @@ class Cache {
 
  private:
   static constexpr int kLayers = 2, kLayer = 1;
+  static constexpr uint8_t kNanByte = 0x7e;
   Shape shape_;
   int kv_dim_;
-  int64_t block_elems_ = 0;
-  std::vector<uint16_t> pool_;
+  KvType kt_, vt_;
+  int64_t k_row_ = 0, v_row_ = 0, block_bytes_ = 0;
+  std::vector<uint8_t> pool_;
   std::vector<int32_t> tables_, table_start_;
   std::vector<int> lengths_;
+  std::vector<std::vector<std::vector<float>>> values_;  // [seq][2 p + kv][kv_dim]
 };
 
 // out[row][h * hd + d] in float64: row attends positions [0, pos] of its sequence.
@@ -221,11 +242,11 @@ struct PrefillSeq {
 };
 
 void run_prefill(const Shape& s, const std::vector<PrefillSeq>& seqs, float q_amp, uint32_t seed,
-                 int max_tile) {
+                 int max_tile, KvType kt = KvType::kF16, KvType vt = KvType::kF16) {
   std::mt19937 rng(seed);
   std::vector<int> lengths;
   for (const PrefillSeq& p : seqs) lengths.push_back(p.cached + p.fresh);
-  Cache c(s, lengths, rng);
+  Cache c(s, lengths, rng, kt, vt);
   std::vector<BatchRowMeta> rows;
   std::vector<PrefillTile> tiles;
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -244,7 +265,8 @@ void run_prefill(const Shape& s, const std::vector<PrefillSeq>& seqs, float q_am
   const AttnArgs a = args(s);
   cuda::launch_attention_prefill(q.data(), out.data(), rows.data(), tiles.data(),
                                  static_cast<int64_t>(tiles.size()), a, c.view(), nullptr);
-  expect_close(out, reference(c, s, q, rows, a.scale), "prefill " + name(s));
+  expect_close(out, reference(c, s, q, rows, a.scale),
+               "prefill " + name(s) + ", K " + kv_type_name(kt) + " V " + kv_type_name(vt));
 }
 
 TEST(EmuAttention, PrefillShapesAndBlockEdges) {
@@ -294,13 +316,14 @@ TEST(EmuAttention, PrefillLargeScores) {
 }
 
 void run_decode(const Shape& s, const std::vector<int>& positions, const DecodeSplit& split,
-                uint32_t seed, float q_amp = 4.0f) {
+                uint32_t seed, float q_amp = 4.0f, KvType kt = KvType::kF16,
+                KvType vt = KvType::kF16) {
   std::mt19937 rng(seed);
   // One sequence per row with length pos + 1, plus one row at an earlier
   // position of the first sequence (two rows of one sequence).
   std::vector<int> lengths;
   for (int p : positions) lengths.push_back(p + 1);
-  Cache c(s, lengths, rng);
+  Cache c(s, lengths, rng, kt, vt);
   std::vector<BatchRowMeta> rows;
   for (size_t i = 0; i < positions.size(); ++i)
     rows.push_back(c.row(static_cast<int>(i), positions[i]));
@@ -315,7 +338,43 @@ void run_decode(const Shape& s, const std::vector<int>& positions, const DecodeS
                                 ws.empty() ? nullptr : ws.data(), nullptr);
   expect_close(out, reference(c, s, q, rows, a.scale),
                "decode " + name(s) + ", " + std::to_string(split.n_splits) + " splits of " +
-                   std::to_string(split.split_tokens));
+                   std::to_string(split.split_tokens) + ", K " + kv_type_name(kt) + " V " +
+                   kv_type_name(vt));
+}
+
+// A quantized cache: the kernels decode the blocks in registers to the same
+// values the host's codec gives (the reference reads those), for every type,
+// K and V of different types, prefill and decode, split and not.
+TEST(EmuAttention, QuantizedCacheTypes) {
+  const KvType types[][2] = {{KvType::kQ8_0, KvType::kQ8_0},
+                             {KvType::kQ4_0, KvType::kQ4_0},
+                             {KvType::kFp8, KvType::kFp8},
+                             {KvType::kQ8_0, KvType::kF16},
+                             {KvType::kF16, KvType::kQ4_0}};
+  const std::vector<PrefillSeq> seqs = {{17, 15}, {0, 33}};
+  const std::vector<int> positions = {69, 0, 16, 40};
+  uint32_t seed = 600;
+  for (const auto& t : types) {
+    run_prefill(kShapes[1], seqs, 4.0f, seed++, cuda::kPrefillTileRows, t[0], t[1]);
+    run_decode(kShapes[1], positions, DecodeSplit{3, 32}, seed++, 4.0f, t[0], t[1]);
+    if (kSanitized) continue;
+    run_prefill(kShapes[2], seqs, 4.0f, seed++, 5, t[0], t[1]);
+    run_decode(kShapes[7], positions, DecodeSplit{1, 112}, seed++, 4.0f, t[0], t[1]);
+  }
+}
+
+TEST(EmuAttention, QuantizedCacheNeedsHeadDimOf32) {
+  std::mt19937 rng(8);
+  const Shape s{48, 6, 3};
+  Cache c(s, {20}, rng);
+  KvDeviceView v = c.view();
+  v.k_type = KvType::kQ8_0;
+  v.k_row = static_cast<int32_t>(kv_row_bytes(KvType::kQ8_0, 96));  // not a whole head's blocks
+  std::vector<BatchRowMeta> rows = {c.row(0, 19)};
+  std::vector<float> q(6 * 48), out(q.size());
+  EXPECT_THROW(cuda::launch_attention_decode(q.data(), out.data(), rows.data(), 1, args(s), v,
+                                             DecodeSplit{1, 32}, nullptr, nullptr),
+               Error);
 }
 
 TEST(EmuAttention, DecodeSplits) {

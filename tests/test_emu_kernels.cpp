@@ -17,6 +17,7 @@
 #include "barata/dtype.h"
 #include "barata/error.h"
 #include "barata/half.h"
+#include "barata/kv_types.h"
 #include "elem_decode.cuh"
 #include "elementwise.cuh"
 #include "embed.cuh"
@@ -321,91 +322,124 @@ TEST(EmuKernels, RopeKvMatchesReference) {
   const RopeCase cases[] = {
       {4, 1, 64, 64, false}, {8, 8, 128, 128, true},   {6, 2, 64, 32, true}, {6, 3, 128, 96, false},
       {3, 3, 64, 64, true},  {16, 8, 128, 128, false}, {2, 2, 64, 2, false}};
-  for (const RopeCase& c : cases) {
-    SCOPED_TRACE("heads " + std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + " x " +
-                 std::to_string(c.head_dim) + ", rope " + std::to_string(c.rope_dims) +
-                 (c.neox ? " neox" : " normal"));
-    constexpr int kBlock = 16, kLayers = 3, kLayer = 1, kPoolBlocks = 9;
-    const int kv_dim = c.n_head_kv * c.head_dim, q_dim = c.n_head * c.head_dim;
-    // Two sequences with non-identity tables; rows cross 16-token block edges.
-    const std::vector<int32_t> tables = {5, 2, 7, 1, 6, 8, 0};
-    struct R {
-      int pos, table;
-    };
-    const std::vector<R> rs = {{14, 0}, {15, 0}, {16, 0}, {17, 0}, {33, 0}, {0, 3},
-                               {1, 3},  {31, 3}, {32, 3}, {47, 3}, {63, 3}};
-    std::vector<BatchRowMeta> rows;
-    for (const R& r : rs) {
-      BatchRowMeta m;
-      m.pos = r.pos;
-      m.table = r.table;
-      m.slot = tables[r.table + r.pos / kBlock] * kBlock + r.pos % kBlock;
-      m.seq = r.table == 0 ? 0 : 1;
-      rows.push_back(m);
+  // The cache types: rows in fp16, or quantized (and K rotated) by the same
+  // codec as the CPU's (kv_types.h), byte for byte.
+  const KvType types[][2] = {{KvType::kF16, KvType::kF16},
+                             {KvType::kQ8_0, KvType::kQ4_0},
+                             {KvType::kQ4_0H, KvType::kFp8},
+                             {KvType::kQ8_0H, KvType::kQ8_0},
+                             {KvType::kQ4_0O, KvType::kF16}};
+  int n_case = 0;
+  for (const auto& ty : types)
+    for (const RopeCase& c : cases) {
+      if (ty[0] != KvType::kF16 && (n_case++ % 2 == 1 || c.head_dim % 32 != 0)) continue;
+      const KvType kt = ty[0], vt = ty[1];
+      SCOPED_TRACE("heads " + std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + " x " +
+                   std::to_string(c.head_dim) + ", rope " + std::to_string(c.rope_dims) +
+                   (c.neox ? " neox" : " normal") + ", K " + kv_type_name(kt) + " V " +
+                   kv_type_name(vt));
+      constexpr int kBlock = 16, kLayers = 3, kLayer = 1, kPoolBlocks = 9;
+      const int kv_dim = c.n_head_kv * c.head_dim, q_dim = c.n_head * c.head_dim;
+      // Two sequences with non-identity tables; rows cross 16-token block edges.
+      const std::vector<int32_t> tables = {5, 2, 7, 1, 6, 8, 0};
+      struct R {
+        int pos, table;
+      };
+      const std::vector<R> rs = {{14, 0}, {15, 0}, {16, 0}, {17, 0}, {33, 0}, {0, 3},
+                                 {1, 3},  {31, 3}, {32, 3}, {47, 3}, {63, 3}};
+      std::vector<BatchRowMeta> rows;
+      for (const R& r : rs) {
+        BatchRowMeta m;
+        m.pos = r.pos;
+        m.table = r.table;
+        m.slot = tables[r.table + r.pos / kBlock] * kBlock + r.pos % kBlock;
+        m.seq = r.table == 0 ? 0 : 1;
+        rows.push_back(m);
+      }
+      const int n_rows = static_cast<int>(rows.size());
+      const int half = c.rope_dims / 2, n_pos = 64;
+      std::vector<float> cs(static_cast<size_t>(n_pos * half)), sn(cs.size());
+      for (int p = 0; p < n_pos; ++p)
+        for (int i = 0; i < half; ++i) {
+          const double th = p * std::pow(10000.0, -2.0 * i / c.rope_dims);
+          cs[p * half + i] = static_cast<float>(std::cos(th));
+          sn[p * half + i] = static_cast<float>(std::sin(th));
+        }
+      std::vector<float> q = random_floats(static_cast<size_t>(n_rows * q_dim), rng);
+      std::vector<float> k = random_floats(static_cast<size_t>(n_rows * kv_dim), rng);
+      const std::vector<float> v = random_floats(k.size(), rng);
+      const int64_t k_row = kv_row_bytes(kt, kv_dim), v_row = kv_row_bytes(vt, kv_dim);
+      const int64_t block_bytes = int64_t{kLayers} * kBlock * (k_row + v_row);
+      std::vector<uint8_t> pool(static_cast<size_t>(kPoolBlocks * block_bytes), 0xab);
+
+      // The keys' offset of the outlier-aware types (any constant will do here).
+      const std::vector<float> koff = random_floats(static_cast<size_t>(kv_dim), rng);
+      // the reference: the CPU backend's rope, offset, rotation, and row codec into the slots
+      std::vector<float> wq = q, wk = k;
+      std::vector<uint8_t> wpool = pool;
+      auto rope = [&](float* x, int pos) {
+        for (int i = 0; i < half; ++i) {
+          const int a = c.neox ? i : 2 * i, b = c.neox ? i + half : 2 * i + 1;
+          const float x0 = x[a], x1 = x[b];
+          x[a] = x0 * cs[pos * half + i] - x1 * sn[pos * half + i];
+          x[b] = x0 * sn[pos * half + i] + x1 * cs[pos * half + i];
+        }
+      };
+      for (int t = 0; t < n_rows; ++t) {
+        for (int h = 0; h < c.n_head; ++h)
+          rope(wq.data() + t * q_dim + h * c.head_dim, rows[t].pos);
+        for (int h = 0; h < c.n_head_kv; ++h)
+          rope(wk.data() + t * kv_dim + h * c.head_dim, rows[t].pos);
+        if (kv_type_info(kt).offset)
+          for (int i = 0; i < kv_dim; ++i) wk[t * kv_dim + i] -= koff[i];
+        if (kv_type_info(kt).rotated) {
+          for (int h = 0; h < c.n_head; ++h) {
+            float* x = wq.data() + t * q_dim + h * c.head_dim;
+            hadamard_transform(x, c.head_dim);
+            for (int i = 0; i < c.head_dim; ++i) x[i] *= 1.0f / static_cast<float>(c.head_dim);
+          }
+          for (int h = 0; h < c.n_head_kv; ++h)
+            hadamard_transform(wk.data() + t * kv_dim + h * c.head_dim, c.head_dim);
+        }
+        const int64_t b = rows[t].slot / kBlock, tt = rows[t].slot % kBlock;
+        uint8_t* kc =
+            wpool.data() + b * block_bytes + kLayer * kBlock * (k_row + v_row) + tt * k_row;
+        uint8_t* vc = wpool.data() + b * block_bytes + kLayer * kBlock * (k_row + v_row) +
+                      kBlock * k_row + tt * v_row;
+        kv_quantize_row(kt, wk.data() + t * kv_dim, kc, kv_dim);
+        kv_quantize_row(vt, v.data() + t * kv_dim, vc, kv_dim);
+      }
+
+      cuda::RopeArgs a;
+      a.n_head = c.n_head;
+      a.n_head_kv = c.n_head_kv;
+      a.head_dim = c.head_dim;
+      a.rope_dims = c.rope_dims;
+      a.neox = c.neox;
+      a.cos = cs.data();
+      a.sin = sn.data();
+      cuda::KvDeviceView kv;
+      kv.pool = pool.data();
+      kv.block_bytes = block_bytes;
+      kv.layer = kLayer;
+      kv.kv_dim = kv_dim;
+      kv.block_tokens = kBlock;
+      kv.k_row = static_cast<int32_t>(k_row);
+      kv.v_row = static_cast<int32_t>(v_row);
+      kv.k_type = kv_storage_type(kt);
+      kv.v_type = kv_storage_type(vt);
+      kv.rotate_k = kv_type_info(kt).rotated;
+      kv.k_offset = kv_type_info(kt).offset ? koff.data() : nullptr;
+      kv.block_tables = tables.data();
+      cuda::launch_rope_kv(q.data(), k.data(), v.data(), rows.data(), n_rows, a, kv, nullptr);
+
+      for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(bits(q[i]), bits(wq[i])) << "q " << i;
+      for (size_t i = 0; i < k.size(); ++i) ASSERT_EQ(bits(k[i]), bits(wk[i])) << "k " << i;
+      for (size_t i = 0; i < pool.size(); ++i) ASSERT_EQ(pool[i], wpool[i]) << "pool " << i;
+      // the slots the kernel wrote are where kv_slot() finds them
+      for (int t = 0; t < n_rows; ++t)
+        ASSERT_EQ(cuda::kv_slot(kv, rows[t].table, rows[t].pos), rows[t].slot);
     }
-    const int n_rows = static_cast<int>(rows.size());
-    const int half = c.rope_dims / 2, n_pos = 64;
-    std::vector<float> cs(static_cast<size_t>(n_pos * half)), sn(cs.size());
-    for (int p = 0; p < n_pos; ++p)
-      for (int i = 0; i < half; ++i) {
-        const double th = p * std::pow(10000.0, -2.0 * i / c.rope_dims);
-        cs[p * half + i] = static_cast<float>(std::cos(th));
-        sn[p * half + i] = static_cast<float>(std::sin(th));
-      }
-    std::vector<float> q = random_floats(static_cast<size_t>(n_rows * q_dim), rng);
-    std::vector<float> k = random_floats(static_cast<size_t>(n_rows * kv_dim), rng);
-    const std::vector<float> v = random_floats(k.size(), rng);
-    const int64_t block_elems = int64_t{2} * kLayers * kBlock * kv_dim;
-    std::vector<uint16_t> pool(static_cast<size_t>(kPoolBlocks * block_elems), 0xabcd);
-
-    // the reference: engine.cpp's rope, then fp32_to_fp16 into the slots
-    std::vector<float> wq = q, wk = k;
-    std::vector<uint16_t> wpool = pool;
-    auto rope = [&](float* x, int pos) {
-      for (int i = 0; i < half; ++i) {
-        const int a = c.neox ? i : 2 * i, b = c.neox ? i + half : 2 * i + 1;
-        const float x0 = x[a], x1 = x[b];
-        x[a] = x0 * cs[pos * half + i] - x1 * sn[pos * half + i];
-        x[b] = x0 * sn[pos * half + i] + x1 * cs[pos * half + i];
-      }
-    };
-    for (int t = 0; t < n_rows; ++t) {
-      for (int h = 0; h < c.n_head; ++h) rope(wq.data() + t * q_dim + h * c.head_dim, rows[t].pos);
-      for (int h = 0; h < c.n_head_kv; ++h)
-        rope(wk.data() + t * kv_dim + h * c.head_dim, rows[t].pos);
-      const int64_t b = rows[t].slot / kBlock, tt = rows[t].slot % kBlock;
-      uint16_t* kc = wpool.data() + b * block_elems + ((kLayer * 2 + 0) * kBlock + tt) * kv_dim;
-      uint16_t* vc = wpool.data() + b * block_elems + ((kLayer * 2 + 1) * kBlock + tt) * kv_dim;
-      for (int i = 0; i < kv_dim; ++i) {
-        kc[i] = fp32_to_fp16(wk[t * kv_dim + i]);
-        vc[i] = fp32_to_fp16(v[t * kv_dim + i]);
-      }
-    }
-
-    cuda::RopeArgs a;
-    a.n_head = c.n_head;
-    a.n_head_kv = c.n_head_kv;
-    a.head_dim = c.head_dim;
-    a.rope_dims = c.rope_dims;
-    a.neox = c.neox;
-    a.cos = cs.data();
-    a.sin = sn.data();
-    cuda::KvDeviceView kv;
-    kv.pool = pool.data();
-    kv.block_elems = block_elems;
-    kv.layer = kLayer;
-    kv.kv_dim = kv_dim;
-    kv.block_tokens = kBlock;
-    kv.block_tables = tables.data();
-    cuda::launch_rope_kv(q.data(), k.data(), v.data(), rows.data(), n_rows, a, kv, nullptr);
-
-    for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(bits(q[i]), bits(wq[i])) << "q " << i;
-    for (size_t i = 0; i < k.size(); ++i) ASSERT_EQ(bits(k[i]), bits(wk[i])) << "k " << i;
-    for (size_t i = 0; i < pool.size(); ++i) ASSERT_EQ(pool[i], wpool[i]) << "pool " << i;
-    // the slots the kernel wrote are where kv_slot() finds them
-    for (int t = 0; t < n_rows; ++t)
-      ASSERT_EQ(cuda::kv_slot(kv, rows[t].table, rows[t].pos), rows[t].slot);
-  }
 }
 
 TEST(EmuKernels, RopeKvRejectsBadArguments) {
@@ -416,7 +450,8 @@ TEST(EmuKernels, RopeKvRejectsBadArguments) {
   a.rope_dims = 63;
   cuda::KvDeviceView kv;
   kv.kv_dim = 64;
-  kv.block_elems = 2 * 16 * 64;
+  kv.k_row = kv.v_row = 128;
+  kv.block_bytes = 2 * 16 * 128;
   float f[1];
   BatchRowMeta m;
   EXPECT_THROW(cuda::launch_rope_kv(f, f, f, &m, 1, a, kv, nullptr), Error);

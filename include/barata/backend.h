@@ -108,7 +108,9 @@ class Backend {
   // x (head_dim values each), times the gains w (head_dim), the model's eps.
   virtual void head_norm(float* x, const std::vector<float>& w, int64_t n_heads) = 0;
   virtual void add_bias(float* y, const std::vector<float>& b) = 0;  // per row
-  // RoPE on q and k, then k and v stored into the batch's cache slots of `layer`.
+  // RoPE on q and k, then k and v stored into the batch's cache slots of
+  // `layer` in the cache's types; with a rotated K type (kv_types.h) each
+  // head of k is rotated by H and each head of q by H / head_dim first.
   virtual void rope_kv(int64_t layer, float* q, float* k, const float* v) = 0;
   // Causal attention of every row against its sequence's cache of `layer`
   // (within the last n_swa positions when the layer is windowed), scores
@@ -140,8 +142,9 @@ class Backend {
   // Activation transfers (tests and debugging): n floats.
   virtual void to_device(float* dst, const float* host, int64_t n) = 0;
   virtual void to_host(float* host, const float* src, int64_t n) = 0;
-  // K or V (kv = 0 / 1) of `layer` at a physical cache slot, kv_dim fp16 values, to the host.
-  virtual void kv_to_host(int64_t layer, int kv, int32_t slot, uint16_t* host) = 0;
+  // K or V (kv = 0 / 1) of `layer` at a physical cache slot to the host:
+  // KvLayout::row_bytes(kv) bytes, the row as stored in the cache's type.
+  virtual void kv_to_host(int64_t layer, int kv, int32_t slot, uint8_t* host) = 0;
 
   virtual void copy_kv_blocks(const std::vector<KvBlockManager::Copy>& copies) = 0;
   virtual void synchronize() = 0;
@@ -178,6 +181,17 @@ class Backend {
 // scaling).
 void rope_tables(const ModelConfig& c, int64_t p0, int64_t p1, float* cos, float* sin,
                  int64_t n_ctx, bool swa = false);
+
+// The keys' constant part, per layer (n_layer x kv_dim floats, zero for a
+// layer without a k_proj bias): each head's bias after RoPE, averaged over
+// the positions [0, n_ctx) the engine runs (RoPE's tables above), so the
+// offset of a low-frequency pair, which hardly turns over the context, is
+// the bias itself. Subtracting any constant vector from every key of a head
+// leaves attention unchanged (q.(k - c) = q.k - q.c shifts every score of a
+// query by the same amount, and softmax ignores that); subtracting this one
+// takes Qwen2's huge bias channels (|b| up to 145 in layer 0 of the 0.5B,
+// all in its slowest pairs) out of the values a K cache quantizes.
+std::vector<float> key_offsets(const Model& model, int64_t n_ctx);
 
 // The backend for opts.device. CUDA in a build without it, or on a machine
 // without a usable GPU, is one barata::Error saying why.

@@ -35,6 +35,8 @@ struct EngineOptions {
   // llama.cpp's --swa-full; prefix caching needs it. Otherwise their blocks
   // behind the window go back to the pool (kv_cache.h).
   bool swa_full = false;
+  // The cache's element types (kv_types.h; llama.cpp's -ctk / -ctv).
+  KvType cache_k = KvType::kF16, cache_v = KvType::kF16;
 };
 
 class Engine {

@@ -1,12 +1,14 @@
-// The paged fp16 KV cache, in two parts:
+// The paged KV cache, in two parts:
 //  - KvBlockManager, on the host for every backend: per-sequence block
 //    tables, reference counts (sequences sharing a prefix), copy on write,
 //    the free list, and whether a sequence has room (can_append);
 //  - a pool of blocks in a backend's memory, allocated once and addressed by
 //    block id (HostKvPool here; the CUDA backend's lives on the device).
 // K and V live in fixed-size blocks of kBlockTokens tokens, laid out as
-// [layer in group][K|V][token in block][kv_dim] fp16 values, the same on
-// every backend.
+// [layer in group][K|V][token in block][one row], the same on every backend;
+// a row is a token's K (or V) of one layer, kv_dim values in the cache type
+// (kv_types.h: fp16 by default, or q8_0, q4_0, fp8, ...), so a block of a
+// quantized cache is smaller and the pool holds more of them.
 //
 // Layer groups (vLLM's hybrid KV-cache manager is the model): the layers are
 // split into groups of equal size, so every group's block is the same number
@@ -28,6 +30,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "barata/kv_types.h"
+
 namespace barata {
 
 inline constexpr int64_t kKvBlockTokens = 16;
@@ -35,6 +39,7 @@ inline constexpr int64_t kKvBlockTokens = 16;
 struct KvLayout {
   int64_t n_layer = 0;
   int64_t kv_dim = 0;  // n_head_kv * head_dim
+  KvType k_type = KvType::kF16, v_type = KvType::kF16;
   // Layer groups; empty: one group of every layer. Otherwise, per layer, its
   // group and its index in the group, and per group its window (0: full
   // attention; n: the layer sees the last n positions).
@@ -43,10 +48,13 @@ struct KvLayout {
   int64_t group_layers = 0;  // layers per group (0: n_layer)
 
   // One group of every layer.
-  static KvLayout uniform(int64_t n_layer, int64_t kv_dim) {
+  static KvLayout uniform(int64_t n_layer, int64_t kv_dim, KvType k = KvType::kF16,
+                          KvType v = KvType::kF16) {
     KvLayout L;
     L.n_layer = n_layer;
     L.kv_dim = kv_dim;
+    L.k_type = k;
+    L.v_type = v;
     return L;
   }
 
@@ -63,33 +71,43 @@ struct KvLayout {
   int64_t window(int64_t group) const {
     return group_window.empty() ? 0 : group_window[static_cast<size_t>(group)];
   }
-  int64_t block_elems() const { return 2 * layers_per_block() * kKvBlockTokens * kv_dim; }
-  int64_t bytes_per_block() const { return block_elems() * 2; }
+  KvType type(int kv) const { return kv == 0 ? k_type : v_type; }
+  // Bytes of one token's K (kv = 0) or V (kv = 1) of one layer.
+  int64_t row_bytes(int kv) const { return kv_row_bytes(type(kv), kv_dim); }
+  // K and V of one layer and position.
+  int64_t pair_bytes() const { return row_bytes(0) + row_bytes(1); }
+  // One layer's K and V in a block.
+  int64_t layer_bytes() const { return kKvBlockTokens * pair_bytes(); }
+  int64_t bytes_per_block() const { return layers_per_block() * layer_bytes(); }
   // K and V of one position of every layer: what the full cache costs a token.
-  int64_t bytes_per_token() const { return 2 * n_layer * kv_dim * 2; }
-  // Element offset of K (kv = 0) or V (kv = 1) of `layer` at block position t
+  int64_t bytes_per_token() const { return n_layer * pair_bytes(); }
+  // Byte offset of K (kv = 0) or V (kv = 1) of `layer` at block position t
   // in a block of the layer's group.
   int64_t offset(int64_t layer, int kv, int64_t t) const {
-    return ((index(layer) * 2 + kv) * kKvBlockTokens + t) * kv_dim;
+    return index(layer) * layer_bytes() + (kv != 0 ? kKvBlockTokens * row_bytes(0) : 0) +
+           t * row_bytes(kv);
   }
 };
 
-// The fp16 K/V bytes one sequence of len tokens holds after its last append:
+// The K/V bytes one sequence of len tokens holds after its last append:
 // n_full layers keep every block of 16 positions; n_sliding layers of a
 // `window` keep the blocks from (len - window - keep_back) on (n_sliding = 0
-// or window = 0: the full cache, 2 x layers x kv_dim x 2 bytes per position,
-// in whole blocks).
+// or window = 0: the full cache, layers x pair_bytes per position, in whole
+// blocks). pair_bytes: K and V of one layer and position (KvLayout::pair_bytes).
 int64_t kv_sequence_bytes(int64_t len, int64_t n_full, int64_t n_sliding, int64_t window,
-                          int64_t kv_dim, int64_t keep_back);
+                          int64_t pair_bytes, int64_t keep_back);
 
 struct ModelConfig;
 // The same for a model: its sliding-window layers (none with swa_full) and
 // KvBlockManager's default keep_back.
-int64_t kv_sequence_bytes(const ModelConfig& c, int64_t len, bool swa_full);
+int64_t kv_sequence_bytes(const ModelConfig& c, int64_t len, bool swa_full, KvType k = KvType::kF16,
+                          KvType v = KvType::kF16);
 // The cache layout of a model: one group, or with sliding-window layers (and
 // swa_full false) groups of only local or only global layers, of the size of
 // the smaller kind's count when that divides both (else one group).
-KvLayout kv_layout_for(const ModelConfig& c, bool swa_full);
+// The cache types are checked against the head size (check_kv_type).
+KvLayout kv_layout_for(const ModelConfig& c, bool swa_full, KvType k = KvType::kF16,
+                       KvType v = KvType::kF16);
 
 class KvBlockManager {
  public:
@@ -248,7 +266,7 @@ class HostKvPool {
   ~HostKvPool();
   HostKvPool(const HostKvPool&) = delete;
   HostKvPool& operator=(const HostKvPool&) = delete;
-  uint16_t* block(int32_t b) const { return base_ + b * layout_.block_elems(); }
+  uint8_t* block(int32_t b) const { return base_ + b * layout_.bytes_per_block(); }
   void copy(int32_t from, int32_t to);
   const KvLayout& layout() const { return layout_; }
   int64_t n_blocks() const { return n_blocks_; }
@@ -258,11 +276,11 @@ class HostKvPool {
   KvLayout layout_;
   int64_t n_blocks_;
   size_t mapped_bytes_ = 0;
-  uint16_t* base_ = nullptr;
+  uint8_t* base_ = nullptr;
 };
 
 // Block manager and host pool together, addressed by (layer, sequence,
-// position): the host-side cache that tools and tests drive directly.
+// position): the host-side fp16 cache that tools and tests drive directly.
 class PagedKvCache {
  public:
   static constexpr int64_t kBlockTokens = kKvBlockTokens;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "barata/gguf.h"
+#include "barata/kv_types.h"
 
 namespace barata::plan {
 
@@ -44,8 +45,15 @@ struct ModelShape {
   // (Gemma 3's local layers; 0 with --swa-full or without such layers).
   int64_t n_swa_layers = 0, n_swa = 0;
 
-  // fp16 K and V: 2 x n_layer x n_head_kv x head_dim x 2 bytes.
-  int64_t kv_bytes_per_token() const { return 2 * n_layer * n_head_kv * head_dim * 2; }
+  // The cache's element types (--cache-type-k/-v; kv_types.h).
+  KvType k_type = KvType::kF16, v_type = KvType::kF16;
+
+  // K and V of one layer and position in the cache types (fp16: 2 x
+  // n_head_kv x head_dim x 2 bytes).
+  int64_t kv_pair_bytes() const {
+    return kv_row_bytes(k_type, n_head_kv * head_dim) + kv_row_bytes(v_type, n_head_kv * head_dim);
+  }
+  int64_t kv_bytes_per_token() const { return n_layer * kv_pair_bytes(); }
   // What one sequence of len tokens holds (kv_cache.h, kv_sequence_bytes):
   // len x kv_bytes_per_token() in whole blocks, less the sliding layers'
   // blocks behind their window.
@@ -62,7 +70,8 @@ const std::vector<std::string>& preset_names();
 // The shape from the file's metadata (llama/qwen2, as ModelConfig reads it).
 // Without a format the weights take the file's exact tensor bytes; with one,
 // the file's element count at that format's bits per weight.
-ModelShape from_gguf(const GgufFile& f, std::optional<WeightFormat> format, bool swa_full = false);
+ModelShape from_gguf(const GgufFile& f, std::optional<WeightFormat> format, bool swa_full = false,
+                     KvType k = KvType::kF16, KvType v = KvType::kF16);
 
 // A memory size in GiB: "16", "16G", "16GiB", "1.5g"; positive and finite
 // (zero too when allow_zero), at most 2^20 GiB, the whole string. An Error
@@ -90,11 +99,14 @@ MemoryPlan plan_memory(const ModelShape& m, int64_t memory_bytes, int64_t reserv
 // x 1024, 16 x 256". Each user count of kUserCounts gets min(n_ctx, pool /
 // users) tokens; the counts past 1 are shown while that is at least
 // min(n_ctx, 256) (a user with a handful of tokens is no use).
-std::string describe_kv_pool(int64_t pool_tokens, int64_t n_ctx, int64_t bytes_per_token);
+// `types` names the cache's element types (kv_cache_label).
+std::string describe_kv_pool(int64_t pool_tokens, int64_t n_ctx, int64_t bytes_per_token,
+                             std::string_view types = "fp16");
 // The same for a pool of pool_bytes whose sequences of len tokens hold
 // seq_bytes(len) bytes (sliding-window layers: less than len x per token).
 std::string describe_kv_pool_bytes(int64_t pool_bytes, int64_t n_ctx,
-                                   const std::function<int64_t(int64_t)>& seq_bytes);
+                                   const std::function<int64_t(int64_t)>& seq_bytes,
+                                   std::string_view types = "fp16");
 // The longest context, at most cap, of which `users` sequences fit in
 // free_bytes: the largest len with users x m.kv_bytes_for(len) <= free_bytes.
 int64_t context_per_user(const ModelShape& m, int64_t free_bytes, int64_t users, int64_t cap);

@@ -23,6 +23,7 @@
 
 #include "barata/batch.h"
 #include "barata/half.h"
+#include "barata/kv_types.h"
 #include "dot.h"
 
 #if defined(__AVX2__)
@@ -231,6 +232,66 @@ inline V vexp(V x) {
 #endif
 }
 
+// One head's row of the cache (hd values of type t) to floats: the values
+// kv_dequantize_row gives (kv_types.cpp), one int-to-float conversion and one
+// multiply per value, written as loops the compiler vectorizes.
+inline float load_half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_fp32(h);
+}
+
+// E4M3 code -> float, all 256 codes (e4m3_to_fp32).
+struct E4m3Table {
+  float v[256];
+  E4m3Table() {
+    for (int c = 0; c < 256; ++c) v[c] = e4m3_to_fp32(static_cast<uint8_t>(c));
+  }
+};
+
+inline void load_row(KvType t, const uint8_t* src, float* out, int64_t hd) {
+  switch (t) {
+    case KvType::kQ8_0:
+      for (int64_t b = 0; b < hd / 32; ++b) {
+        const uint8_t* blk = src + 34 * b;
+        const float d = load_half(blk);
+        const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2);
+        float* o = out + 32 * b;
+        for (int j = 0; j < 32; ++j) o[j] = d * static_cast<float>(q[j]);
+      }
+      return;
+    case KvType::kQ4_0:
+      for (int64_t b = 0; b < hd / 32; ++b) {
+        const uint8_t* blk = src + 18 * b;
+        const float d = load_half(blk);
+        const uint8_t* q = blk + 2;
+        float* o = out + 32 * b;
+        for (int j = 0; j < 16; ++j) {
+          o[j] = d * static_cast<float>((q[j] & 15) - 8);
+          o[j + 16] = d * static_cast<float>((q[j] >> 4) - 8);
+        }
+      }
+      return;
+    case KvType::kFp8: {
+      static const E4m3Table table;
+      for (int64_t b = 0; b < hd / 32; ++b) {
+        const uint8_t* blk = src + 34 * b;
+        const float s = load_half(blk);
+        float* o = out + 32 * b;
+        for (int j = 0; j < 32; ++j) o[j] = s * table.v[blk[2 + j]];
+      }
+      return;
+    }
+    default: {  // f16
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(src);
+      int64_t d = 0;
+      for (; d + W <= hd; d += W) vstore(out + d, vload_f16(h + d));
+      for (; d < hd; ++d) out[d] = fp16_to_fp32(h[d]);
+      return;
+    }
+  }
+}
+
 // The scores of 4 keys against every query vector: s[j][lane] = sum over d of
 // k_j[d] * q_lane[d], one FMA chain per (key, query) in d order.
 inline void scores4(const float* qt, int64_t qs, int64_t nqv, const float* kf, int64_t hd, float* s,
@@ -335,17 +396,16 @@ void attend(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1, int
   }
   std::fill(ot, ot + hd * qs, 0.0f);
 
-  const int64_t kv_dim = a.kv_dim;
+  const int64_t k_head = kv_row_bytes(a.k_type, hd), v_head = kv_row_bytes(a.v_type, hd);
   for (int64_t b0 = kmin / kTile * kTile; b0 < kmax; b0 += kTile) {
-    const uint16_t* blk = a.kv_base + static_cast<int64_t>(table[b0 / kTile]) * a.block_elems;
-    const uint16_t* kb = blk + a.k_off + kvh * hd;
-    const uint16_t* vb = blk + a.v_off + kvh * hd;
+    const uint8_t* blk = a.kv_base + static_cast<int64_t>(table[b0 / kTile]) * a.block_bytes;
+    const uint8_t* kb = blk + a.k_off + kvh * k_head;
+    const uint8_t* vb = blk + a.v_off + kvh * v_head;
     const int64_t jn = std::min(kTile, kmax - b0);  // rows of this block that hold keys
-    for (int64_t j = 0; j < jn; ++j)
-      for (int64_t d = 0; d < hd; d += W) {
-        vstore(kf + j * hd + d, vload_f16(kb + j * kv_dim + d));
-        vstore(vf + j * hd + d, vload_f16(vb + j * kv_dim + d));
-      }
+    for (int64_t j = 0; j < jn; ++j) {
+      load_row(a.k_type, kb + j * a.k_row, kf + j * hd, hd);
+      load_row(a.v_type, vb + j * a.v_row, vf + j * hd, hd);
+    }
     for (int64_t j = jn; j < kTile; ++j)
       for (int64_t d = 0; d < hd; ++d) kf[j * hd + d] = vf[j * hd + d] = 0.0f;
     for (int64_t j = 0; j < kTile; j += 4)

@@ -110,6 +110,8 @@ class CpuBackend final : public Backend {
                    cpu_isa_name(isa));
     }
     pool_kv_ = std::make_unique<HostKvPool>(kv, n_blocks);
+    key_off_.clear();
+    if (kv_type_info(kv.k_type).offset) key_off_ = key_offsets(model, n_ctx);
   }
 
   void begin(const Batch& batch) override {
@@ -203,11 +205,11 @@ class CpuBackend final : public Backend {
   void to_host(float* host, const float* src, int64_t n) override {
     std::memcpy(host, src, static_cast<size_t>(n) * sizeof(float));
   }
-  void kv_to_host(int64_t layer, int kv, int32_t slot, uint16_t* host) override {
+  void kv_to_host(int64_t layer, int kv, int32_t slot, uint8_t* host) override {
     const KvLayout& L = pool_kv_->layout();
-    const uint16_t* p = pool_kv_->block(slot / static_cast<int32_t>(kKvBlockTokens)) +
-                        L.offset(layer, kv, slot % kKvBlockTokens);
-    std::memcpy(host, p, static_cast<size_t>(L.kv_dim) * 2);
+    const uint8_t* p = pool_kv_->block(slot / static_cast<int32_t>(kKvBlockTokens)) +
+                       L.offset(layer, kv, slot % kKvBlockTokens);
+    std::memcpy(host, p, static_cast<size_t>(L.row_bytes(kv)));
   }
 
   void copy_kv_blocks(const std::vector<KvBlockManager::Copy>& copies) override {
@@ -271,6 +273,7 @@ class CpuBackend final : public Backend {
   std::vector<WeightView> views_;  // by WeightDesc::id
   RepackArena arena_;              // the repacked copies of the matrices whose kernels want them
   std::unique_ptr<HostKvPool> pool_kv_;
+  std::vector<float> key_off_;  // key_offsets(), for the cache types that subtract it
   DequantizeRowFn embed_row_ = nullptr;
   const Batch* batch_ = nullptr;
   int64_t scratch_rows_ = 0;
@@ -332,6 +335,7 @@ void CpuBackend::rope_kv(int64_t layer, float* q, float* k, const float* v) {
   const int64_t half = c.rope_dims / 2;
   const bool neox = c.rope_style == RopeStyle::kNeox;
   const KvLayout& L = pool_kv_->layout();
+  const bool rotate_k = kv_type_info(L.k_type).rotated;
 
   // RoPE on q and k, in place. Normal style rotates pairs (2i, 2i+1); NeoX
   // rotates (i, i + rope_dims/2). The style is a template argument: the inner
@@ -356,15 +360,27 @@ void CpuBackend::rope_kv(int64_t layer, float* q, float* k, const float* v) {
         const BatchRowMeta& r = batch_->rows[static_cast<size_t>(t)];
         for (int64_t h = 0; h < c.n_head; ++h) rope(q + t * q_dim + h * hd, r.pos);
         for (int64_t h = 0; h < c.n_head_kv; ++h) rope(k + t * kv_dim + h * hd, r.pos);
+        if (!key_off_.empty()) {  // the outlier-aware K types (kv_types.h)
+          const float* off = key_off_.data() + layer * kv_dim;
+          float* kr = k + t * kv_dim;
+          for (int64_t i = 0; i < kv_dim; ++i) kr[i] -= off[i];
+        }
+        if (rotate_k) {  // kv_types.h: k <- H k, q <- H q / head_dim
+          const float inv = 1.0f / static_cast<float>(hd);
+          for (int64_t h = 0; h < c.n_head; ++h) {
+            float* x = q + t * q_dim + h * hd;
+            hadamard_transform(x, hd);
+            for (int64_t i = 0; i < hd; ++i) x[i] *= inv;
+          }
+          for (int64_t h = 0; h < c.n_head_kv; ++h) hadamard_transform(k + t * kv_dim + h * hd, hd);
+        }
         const int32_t* table =
             batch_->block_tables.data() + L.group(layer) * batch_->group_stride + r.table;
-        uint16_t* block = pool_kv_->block(table[r.pos / kKvBlockTokens]);
-        uint16_t* kc = block + L.offset(layer, 0, r.pos % kKvBlockTokens);
-        uint16_t* vc = block + L.offset(layer, 1, r.pos % kKvBlockTokens);
-        for (int64_t i = 0; i < kv_dim; ++i) {
-          kc[i] = fp32_to_fp16(k[t * kv_dim + i]);
-          vc[i] = fp32_to_fp16(v[t * kv_dim + i]);
-        }
+        uint8_t* block = pool_kv_->block(table[r.pos / kKvBlockTokens]);
+        kv_quantize_row(L.k_type, k + t * kv_dim,
+                        block + L.offset(layer, 0, r.pos % kKvBlockTokens), kv_dim);
+        kv_quantize_row(L.v_type, v + t * kv_dim,
+                        block + L.offset(layer, 1, r.pos % kKvBlockTokens), kv_dim);
       }
     });
   };
@@ -389,9 +405,13 @@ void CpuBackend::attention(int64_t layer, const float* q_all, float* att) {
                       att,
                       batch.rows.data(),
                       pool_kv_->block(0),
-                      L.block_elems(),
+                      L.bytes_per_block(),
                       L.offset(layer, 0, 0),
                       L.offset(layer, 1, 0),
+                      L.row_bytes(0),
+                      L.row_bytes(1),
+                      kv_storage_type(L.k_type),
+                      kv_storage_type(L.v_type),
                       hd,
                       c.n_head * hd,
                       c.n_head_kv * hd,

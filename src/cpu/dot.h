@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "barata/kv_types.h"
 #include "cpu/matmul.h"
 
 namespace barata {
@@ -27,9 +28,11 @@ struct AttnArgs {
   const float* q;
   float* out;
   const BatchRowMeta* rows;
-  const uint16_t* kv_base;  // the pool's block 0
-  int64_t block_elems;      // elements per pool block
-  int64_t k_off, v_off;     // element offsets of the layer's K and V in a block
+  const uint8_t* kv_base;  // the pool's block 0
+  int64_t block_bytes;     // bytes per pool block
+  int64_t k_off, v_off;    // byte offsets of the layer's K and V in a block
+  int64_t k_row, v_row;    // bytes of one token's K and V row (all heads)
+  KvType k_type, v_type;   // their storage types (kv_types.h; rotation done by rope_kv)
   int64_t hd, q_dim, kv_dim, group;
   float scale;
   int64_t window;  // 0, or a sliding window: position p sees (p - window, p]

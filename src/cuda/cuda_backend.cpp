@@ -354,10 +354,10 @@ class CudaBackend final : public Backend {
         cudaMemcpyAsync(host, src, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
     BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
-  void kv_to_host(int64_t layer, int kv, int32_t slot, uint16_t* host) override {
-    const uint16_t* p = pool_ + (slot / kKvBlockTokens) * layout_.block_elems() +
-                        layout_.offset(layer, kv, slot % kKvBlockTokens);
-    BARATA_CUDA_CHECK(cudaMemcpyAsync(host, p, static_cast<size_t>(layout_.kv_dim) * 2,
+  void kv_to_host(int64_t layer, int kv, int32_t slot, uint8_t* host) override {
+    const uint8_t* p = pool_ + (slot / kKvBlockTokens) * layout_.bytes_per_block() +
+                       layout_.offset(layer, kv, slot % kKvBlockTokens);
+    BARATA_CUDA_CHECK(cudaMemcpyAsync(host, p, static_cast<size_t>(layout_.row_bytes(kv)),
                                       cudaMemcpyDeviceToHost, stream_));
     BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
@@ -365,8 +365,8 @@ class CudaBackend final : public Backend {
   void copy_kv_blocks(const std::vector<KvBlockManager::Copy>& copies) override {
     const size_t bytes = static_cast<size_t>(layout_.bytes_per_block());
     for (const auto& c : copies)
-      BARATA_CUDA_CHECK(cudaMemcpyAsync(pool_ + c.to * layout_.block_elems(),
-                                        pool_ + c.from * layout_.block_elems(), bytes,
+      BARATA_CUDA_CHECK(cudaMemcpyAsync(pool_ + c.to * layout_.bytes_per_block(),
+                                        pool_ + c.from * layout_.bytes_per_block(), bytes,
                                         cudaMemcpyDeviceToDevice, stream_));
   }
 
@@ -419,9 +419,15 @@ class CudaBackend final : public Backend {
   KvDeviceView kv_view(int64_t layer) const {
     KvDeviceView v;
     v.pool = pool_;
-    v.block_elems = layout_.block_elems();
+    v.block_bytes = layout_.bytes_per_block();
     v.layer = static_cast<int32_t>(layout_.index(layer));
     v.kv_dim = static_cast<int32_t>(layout_.kv_dim);
+    v.k_row = static_cast<int32_t>(layout_.row_bytes(0));
+    v.v_row = static_cast<int32_t>(layout_.row_bytes(1));
+    v.k_type = kv_storage_type(layout_.k_type);
+    v.v_type = kv_storage_type(layout_.v_type);
+    v.rotate_k = kv_type_info(layout_.k_type).rotated;
+    v.k_offset = key_off_ ? key_off_ + layer * layout_.kv_dim : nullptr;
     v.block_tokens = static_cast<int32_t>(kKvBlockTokens);
     v.block_tables = d_tables() + static_cast<int64_t>(layout_.group(layer)) * group_stride_;
     return v;
@@ -520,7 +526,8 @@ class CudaBackend final : public Backend {
   std::vector<std::string> notes_;
   KvLayout layout_;
   int64_t n_blocks_ = 0;
-  uint16_t* pool_ = nullptr;
+  uint8_t* pool_ = nullptr;
+  float* key_off_ = nullptr;  // key_offsets(), n_layer x kv_dim, for the K types that subtract it
   RopeArgs rope_, rope_swa_;  // the sliding-window layers' tables (the same without any)
   AttnArgs attn_, attn_swa_;  // with the window
   DecodeSplit split_;
@@ -672,7 +679,14 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
       upload_vec(*v);
   upload_vec(model.output_norm());
 
-  pool_ = static_cast<uint16_t*>(arena_.alloc(kv_bytes, "the KV cache"));
+  pool_ = static_cast<uint8_t*>(arena_.alloc(kv_bytes, "the KV cache"));
+  key_off_ = nullptr;
+  if (kv_type_info(kv.k_type).offset) {  // the outlier-aware K types (kv_types.h)
+    const std::vector<float> off = key_offsets(model, n_ctx);
+    key_off_ = static_cast<float*>(
+        arena_.alloc(static_cast<int64_t>(off.size()) * 4, "the keys' offsets"));
+    BARATA_CUDA_CHECK(cudaMemcpy(key_off_, off.data(), off.size() * 4, cudaMemcpyHostToDevice));
+  }
 
   // RoPE tables for every position, as the CPU makes them (double, rounded).
   const int64_t half_dims = c.rope_dims / 2;

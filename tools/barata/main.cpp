@@ -1,5 +1,6 @@
 // barata: command-line entry. Parses flags with CLI11, runs one subcommand,
 // and turns any barata::Error into one "error: ..." line and exit status 1.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <vector>
@@ -65,8 +66,19 @@ int main(int argc, char** argv) {
       return static_cast<int>(CLI::ExitCodes::RequiredError);  // what CLI11 returns here
     }
   }
+  // llama.cpp's two-letter short flags, which CLI11 cannot name: -ctk and
+  // -ctv (also -ctk=q8_0) are read as --cache-type-k / --cache-type-v.
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    for (const auto& [s, l] : {std::pair<std::string, std::string>{"-ctk", "--cache-type-k"},
+                               {"-ctv", "--cache-type-v"}})
+      if (a == s || a.rfind(s + "=", 0) == 0) a = l + a.substr(s.size());
+    args.push_back(std::move(a));
+  }
+  std::reverse(args.begin(), args.end());  // CLI11's vector form takes them last first
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

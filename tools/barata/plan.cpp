@@ -14,6 +14,7 @@
 #include "barata/kv_cache.h"
 #include "barata/plan.h"
 #include "commands.h"
+#include "session.h"
 
 namespace barata::cli {
 namespace {
@@ -27,6 +28,7 @@ struct PlanArgs {
   std::string reserve = "1.5G";
   bool json = false;
   bool swa_full = false;
+  std::string cache_k = "f16", cache_v = "f16";
 };
 
 // 7e9 -> "6.52 GiB", 2e7 -> "19.1 MiB".
@@ -63,6 +65,8 @@ json to_json(const plan::ModelShape& m, int64_t reserve, const std::vector<plan:
                 {"n_layer", m.n_layer},
                 {"n_head_kv", m.n_head_kv},
                 {"head_dim", m.head_dim},
+                {"kv_cache_type_k", kv_type_name(m.k_type)},
+                {"kv_cache_type_v", kv_type_name(m.v_type)},
                 {"kv_bytes_per_token", m.kv_bytes_per_token()},
                 {"sliding_window_layers", m.n_swa_layers},
                 {"sliding_window", m.n_swa}};
@@ -90,8 +94,18 @@ void print_text(const plan::ModelShape& m, int64_t reserve,
                : fmt::format("as stored ({:.2f} bits/weight)", stored_bits(m));
   fmt::print("model: {} {}, {} params, {}: weights {}\n", m.from_file ? "file" : "preset", m.name,
              group_thousands(m.n_params), what, human(m.weight_bytes));
-  fmt::print("KV cache: fp16, {} B/token (2 x {} layers x {} KV heads x {} x 2 B)\n",
-             group_thousands(m.kv_bytes_per_token()), m.n_layer, m.n_head_kv, m.head_dim);
+  if (m.k_type == KvType::kF16 && m.v_type == KvType::kF16) {
+    fmt::print("KV cache: fp16, {} B/token (2 x {} layers x {} KV heads x {} x 2 B)\n",
+               group_thousands(m.kv_bytes_per_token()), m.n_layer, m.n_head_kv, m.head_dim);
+  } else {
+    const int64_t kv_dim = m.n_head_kv * m.head_dim;
+    fmt::print(
+        "KV cache: {}, {} B/token ({} layers x (K {} + V {} B for {} KV heads x {}); fp16 would "
+        "take {})\n",
+        kv_cache_label(m.k_type, m.v_type), group_thousands(m.kv_bytes_per_token()), m.n_layer,
+        kv_row_bytes(m.k_type, kv_dim), kv_row_bytes(m.v_type, kv_dim), m.n_head_kv, m.head_dim,
+        group_thousands(4 * m.n_layer * kv_dim));
+  }
   if (m.sliding()) {
     constexpr int64_t kAt = 8192;
     fmt::print(
@@ -130,11 +144,16 @@ int run(const PlanArgs& a) {
   for (const auto& s : a.mem) mem.push_back(plan::parse_gib(s, "--mem"));
   const int64_t reserve = plan::parse_gib(a.reserve, "--reserve", /*allow_zero=*/true);
 
+  const KvType k = parse_kv_type(a.cache_k).value(), v = parse_kv_type(a.cache_v).value();
+  if (kv_type_info(v).k_only)
+    fail("--cache-type-v: {} rotates keys only; V takes {}", a.cache_v, kv_type_names(false));
   plan::ModelShape m;
   if (!a.model.empty()) {
-    m = plan::from_gguf(GgufFile::open(a.model), format, a.swa_full);
+    m = plan::from_gguf(GgufFile::open(a.model), format, a.swa_full, k, v);
   } else if (!a.preset.empty()) {
     m = plan::preset(a.preset, format.value_or(plan::WeightFormat::kFp16));
+    m.k_type = k;
+    m.v_type = v;
   } else {
     fail("plan: name a model: --preset 7b|13b|70b or -m FILE");
   }
@@ -170,6 +189,7 @@ Command add_plan(CLI::App& app) {
   sub->add_flag("--json", a->json, "Print one JSON document instead of tables");
   sub->add_flag("--swa-full", a->swa_full,
                 "Count every position of the sliding-window layers (as barata run --swa-full)");
+  add_cache_type_options(sub, a->cache_k, a->cache_v);
   return {sub, [a] { return run(*a); }};
 }
 

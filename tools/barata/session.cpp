@@ -83,6 +83,33 @@ void add_model_options(CLI::App* sub, ModelOptions& o) {
   sub->add_flag("--swa-full", o.swa_full,
                 "Sliding-window layers keep every position's KV (default: their blocks behind the "
                 "window are freed; prefix caching needs this)");
+  add_cache_type_options(sub, o.cache_k, o.cache_v);
+}
+
+void add_cache_type_options(CLI::App* sub, std::string& k, std::string& v) {
+  const auto member = [](bool is_k) {
+    return CLI::Validator(
+        [is_k](std::string& s) -> std::string {
+          const auto t = parse_kv_type(s);
+          if (t && (is_k || !kv_type_info(*t).k_only)) return "";
+          return fmt::format("'{}' is not a {} cache type ({})", s, is_k ? "K" : "V",
+                             kv_type_names(is_k));
+        },
+        "", "TYPE");
+  };
+  sub->add_option("--cache-type-k", k,
+                  "KV cache type of K (-ctk): " + kv_type_names(true) +
+                      " (default f16; the *h types rotate each head before quantizing)")
+      ->check(member(true));
+  sub->add_option("--cache-type-v", v,
+                  "KV cache type of V (-ctv): " + kv_type_names(false) + " (default f16)")
+      ->check(member(false));
+}
+
+KvType cache_type(const std::string& name) {
+  const auto t = parse_kv_type(name);
+  if (!t) fail("unknown KV cache type '{}' ({})", name, kv_type_names(true));
+  return *t;
 }
 
 void add_sampling_options(CLI::App* sub, SamplerOptions& s) {
@@ -110,17 +137,21 @@ Session::Session(const ModelOptions& o)
                      .n_ctx = n_ctx,
                      .cache_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.kv_contexts * n_ctx,
                      .device = parse_device(o.device).value_or(DeviceKind::kCpu),
-                     .swa_full = o.swa_full}),
+                     .swa_full = o.swa_full,
+                     .cache_k = cache_type(o.cache_k),
+                     .cache_v = cache_type(o.cache_v)}),
       load_ms(ms_since(t_start)) {
   spdlog::info("{}", kv_pool_line(engine));
 }
 
 std::string kv_pool_line(const Engine& e) {
   if (!e.blocks().has_sliding_groups())
-    return plan::describe_kv_pool(e.blocks().max_tokens(), e.n_ctx(), e.kv_bytes_per_token());
-  return plan::describe_kv_pool_bytes(e.blocks().max_blocks() * e.kv_layout().bytes_per_block(),
-                                      e.n_ctx(),
-                                      [&e](int64_t len) { return e.kv_sequence_bytes(len); });
+    return plan::describe_kv_pool(e.blocks().max_tokens(), e.n_ctx(), e.kv_bytes_per_token(),
+                                  kv_cache_label(e.kv_layout().k_type, e.kv_layout().v_type));
+  return plan::describe_kv_pool_bytes(
+      e.blocks().max_blocks() * e.kv_layout().bytes_per_block(), e.n_ctx(),
+      [&e](int64_t len) { return e.kv_sequence_bytes(len); },
+      kv_cache_label(e.kv_layout().k_type, e.kv_layout().v_type));
 }
 
 std::optional<ChatFamily> file_chat_family(const Session& s) {

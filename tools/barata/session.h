@@ -36,8 +36,13 @@ struct ModelOptions {
   int64_t kv_tokens = 0;    // KV pool over all sequences; 0 = kv_contexts x the context size
   int64_t kv_contexts = 1;  // without --kv-tokens: the pool holds this many full contexts
   bool swa_full = false;    // --swa-full: sliding-window layers keep every block
+  std::string cache_k = "f16", cache_v = "f16";  // -ctk / -ctv (kv_types.h)
 };
 void add_model_options(CLI::App* sub, ModelOptions& o);
+// -ctk,--cache-type-k and -ctv,--cache-type-v, checked against the type names.
+void add_cache_type_options(CLI::App* sub, std::string& k, std::string& v);
+// A checked type name (the validators above) to its type.
+KvType cache_type(const std::string& name);
 
 // "KV pool: ..." for the engine's pool: users x context that fit, the
 // sliding-window layers' freed blocks counted.

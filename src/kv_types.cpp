@@ -1,0 +1,213 @@
+#include "barata/kv_types.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "barata/error.h"
+#include "barata/half.h"
+
+namespace barata {
+namespace {
+
+constexpr std::array<KvTypeInfo, 8> kInfo{{
+    {"f16", 1, 2, false, false, false},
+    {"q8_0", 32, 34, false, false, false},
+    {"q4_0", 32, 18, false, false, false},
+    {"fp8", 32, 34, false, false, false},
+    {"q8_0o", 32, 34, true, false, true},
+    {"q4_0o", 32, 18, true, false, true},
+    {"q8_0h", 32, 34, true, true, true},
+    {"q4_0h", 32, 18, true, true, true},
+}};
+
+void store_f16(uint8_t* dst, float d) {
+  const uint16_t h = fp32_to_fp16(d);
+  std::memcpy(dst, &h, 2);
+}
+float load_f16(const uint8_t* src) {
+  uint16_t h;
+  std::memcpy(&h, src, 2);
+  return fp16_to_fp32(h);
+}
+
+void quantize_q8_0(const float* x, uint8_t* dst) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  store_f16(dst, d);
+  for (int j = 0; j < 32; ++j)
+    dst[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::round(x[j] * id)));
+}
+
+void quantize_q4_0(const float* x, uint8_t* dst) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 32; ++j)
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  const float d = max / -8.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  store_f16(dst, d);
+  for (int j = 0; j < 16; ++j) {
+    const int a = std::min(15, static_cast<int>(x[j] * id + 8.5f));
+    const int b = std::min(15, static_cast<int>(x[j + 16] * id + 8.5f));
+    dst[2 + j] = static_cast<uint8_t>(a | (b << 4));
+  }
+}
+
+void quantize_fp8(const float* x, uint8_t* dst) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+  store_f16(dst, amax / 448.0f);
+  const float s = load_f16(dst);  // the scale dequantization multiplies by
+  for (int j = 0; j < 32; ++j) dst[2 + j] = s != 0.0f ? fp32_to_e4m3(x[j] / s) : 0;
+}
+
+}  // namespace
+
+const KvTypeInfo& kv_type_info(KvType t) {
+  return kInfo[static_cast<size_t>(t)];
+}
+
+std::optional<KvType> parse_kv_type(std::string_view name) {
+  for (size_t i = 0; i < kInfo.size(); ++i)
+    if (name == kInfo[i].name) return static_cast<KvType>(i);
+  return std::nullopt;
+}
+
+std::string kv_type_names(bool k) {
+  std::string s;
+  for (const KvTypeInfo& i : kInfo) {
+    if (i.k_only && !k) continue;
+    if (!s.empty()) s += ", ";
+    s += i.name;
+  }
+  return s;
+}
+
+std::string kv_cache_label(KvType k, KvType v) {
+  if (k == KvType::kF16 && v == KvType::kF16) return "fp16";
+  if (k == v) return kv_type_name(k);
+  return std::string("K ") + kv_type_name(k) + ", V " + kv_type_name(v);
+}
+
+KvType kv_storage_type(KvType t) {
+  switch (t) {
+    case KvType::kQ8_0O:
+    case KvType::kQ8_0H:
+      return KvType::kQ8_0;
+    case KvType::kQ4_0O:
+    case KvType::kQ4_0H:
+      return KvType::kQ4_0;
+    default:
+      return t;
+  }
+}
+
+void check_kv_type(KvType t, int64_t head_dim, const char* what) {
+  const KvTypeInfo& i = kv_type_info(t);
+  if (head_dim <= 0 || head_dim % i.block != 0)
+    fail("{}: cache type {} needs a head_dim that is a multiple of {}; this model's is {}", what,
+         i.name, i.block, head_dim);
+  if (i.rotated && (head_dim & (head_dim - 1)) != 0)
+    fail(
+        "{}: cache type {} rotates each head and needs a power-of-two head_dim; this model's is {}",
+        what, i.name, head_dim);
+}
+
+void kv_quantize_row(KvType t, const float* x, uint8_t* dst, int64_t n) {
+  switch (kv_storage_type(t)) {
+    case KvType::kF16:
+      for (int64_t i = 0; i < n; ++i) store_f16(dst + 2 * i, x[i]);
+      return;
+    case KvType::kQ8_0:
+      for (int64_t b = 0; b < n / 32; ++b) quantize_q8_0(x + 32 * b, dst + 34 * b);
+      return;
+    case KvType::kQ4_0:
+      for (int64_t b = 0; b < n / 32; ++b) quantize_q4_0(x + 32 * b, dst + 18 * b);
+      return;
+    case KvType::kFp8:
+      for (int64_t b = 0; b < n / 32; ++b) quantize_fp8(x + 32 * b, dst + 34 * b);
+      return;
+    default:
+      fail("kv_quantize_row: unknown cache type {}", static_cast<int>(t));
+  }
+}
+
+void kv_dequantize_row(KvType t, const uint8_t* src, float* out, int64_t n) {
+  switch (kv_storage_type(t)) {
+    case KvType::kF16:
+      for (int64_t i = 0; i < n; ++i) out[i] = load_f16(src + 2 * i);
+      return;
+    case KvType::kQ8_0:
+      for (int64_t b = 0; b < n / 32; ++b) {
+        const uint8_t* blk = src + 34 * b;
+        const float d = load_f16(blk);
+        for (int j = 0; j < 32; ++j)
+          out[32 * b + j] = d * static_cast<float>(static_cast<int8_t>(blk[2 + j]));
+      }
+      return;
+    case KvType::kQ4_0:
+      for (int64_t b = 0; b < n / 32; ++b) {
+        const uint8_t* blk = src + 18 * b;
+        const float d = load_f16(blk);
+        for (int j = 0; j < 16; ++j) {
+          out[32 * b + j] = d * static_cast<float>((blk[2 + j] & 15) - 8);
+          out[32 * b + j + 16] = d * static_cast<float>((blk[2 + j] >> 4) - 8);
+        }
+      }
+      return;
+    case KvType::kFp8:
+      for (int64_t b = 0; b < n / 32; ++b) {
+        const uint8_t* blk = src + 34 * b;
+        const float s = load_f16(blk);
+        for (int j = 0; j < 32; ++j) out[32 * b + j] = s * e4m3_to_fp32(blk[2 + j]);
+      }
+      return;
+    default:
+      fail("kv_dequantize_row: unknown cache type {}", static_cast<int>(t));
+  }
+}
+
+void hadamard_transform(float* x, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2)
+    for (int64_t i = 0; i < n; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+}
+
+uint8_t fp32_to_e4m3(float x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const float a = std::fabs(x);
+  if (std::isnan(a)) return 0x7f;
+  if (a >= 448.0f) return sign | 0x7e;  // saturate (E4M3 has no infinity)
+  if (a < 0.015625f)                    // below 2^-6: subnormal, steps of 2^-9
+    return static_cast<uint8_t>(sign | static_cast<int>(std::nearbyint(a * 512.0f)));
+  int e = 0;
+  const float fr = std::frexp(a, &e);  // a = fr * 2^e, fr in [0.5, 1)
+  int m = static_cast<int>(std::nearbyint((2.0f * fr - 1.0f) * 8.0f));
+  int be = e - 1 + 7;
+  if (m == 8) {
+    m = 0;
+    ++be;
+  }
+  if (be > 15 || (be == 15 && m > 6)) return sign | 0x7e;
+  return static_cast<uint8_t>(sign | (be << 3) | m);
+}
+
+float e4m3_to_fp32(uint8_t c) {
+  const int e = (c >> 3) & 15, m = c & 7;
+  if (e == 15 && m == 7) return std::nanf("");
+  const float v = e == 0 ? std::ldexp(static_cast<float>(m), -9)
+                         : std::ldexp(static_cast<float>(8 + m), e - 10);
+  return (c & 0x80) ? -v : v;
+}
+
+}  // namespace barata
