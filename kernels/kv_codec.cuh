@@ -13,16 +13,16 @@
 namespace barata::cuda {
 
 // Bytes per block of 32 values of a storage type (f16: 64).
-__host__ __device__ __forceinline__ int kv_block_bytes(KvType t) {
+__device__ __forceinline__ int kv_block_bytes(KvType t) {
   return t == KvType::kQ4_0 ? 18 : t == KvType::kF16 ? 64 : 34;
 }
 
 // Bytes of one head's row of hd values (hd a multiple of 32 unless f16).
-__host__ __device__ __forceinline__ int kv_head_bytes(KvType t, int hd) {
+__device__ __forceinline__ int kv_head_bytes(KvType t, int hd) {
   return t == KvType::kF16 ? 2 * hd : hd / 32 * kv_block_bytes(t);
 }
 
-__host__ __device__ __forceinline__ float kv_e4m3_to_float(uint32_t c) {
+__device__ __forceinline__ float kv_e4m3_to_float(uint32_t c) {
   const uint32_t e = (c >> 3) & 15u, m = c & 7u;
   // e > 0: (8 + m) 2^(e - 10) = (1 + m / 8) 2^(e - 7); e = 0: m 2^-9.
   const float v = e == 0 ? static_cast<float>(m) * 0.001953125f
@@ -30,7 +30,7 @@ __host__ __device__ __forceinline__ float kv_e4m3_to_float(uint32_t c) {
   return (c & 0x80u) ? -v : v;
 }
 
-__host__ __device__ __forceinline__ uint8_t kv_float_to_e4m3(float x) {
+__device__ __forceinline__ uint8_t kv_float_to_e4m3(float x) {
   const uint32_t sign = (__float_as_uint(x) >> 31) != 0 ? 0x80u : 0u;
   const float a = fabsf(x);
   if (a != a) return 0x7f;  // NaN
@@ -48,13 +48,13 @@ __host__ __device__ __forceinline__ uint8_t kv_float_to_e4m3(float x) {
   return static_cast<uint8_t>(sign | (static_cast<uint32_t>(be) << 3) | static_cast<uint32_t>(m));
 }
 
-__host__ __device__ __forceinline__ float kv_load_scale(const uint8_t* p) {
+__device__ __forceinline__ float kv_load_scale(const uint8_t* p) {
   return fp16_bits_to_float(static_cast<uint16_t>(p[0] | (p[1] << 8)));
 }
 
 // Values i0 .. i0 + 7 (i0 a multiple of 8) of a head's row of storage type
 // t, starting at `row`.
-__host__ __device__ __forceinline__ void kv_decode8(KvType t, const uint8_t* row, int i0,
+__device__ __forceinline__ void kv_decode8(KvType t, const uint8_t* row, int i0,
                                                     float* out) {
   if (t == KvType::kF16) {
     for (int e = 0; e < 8; ++e)
@@ -79,7 +79,7 @@ __host__ __device__ __forceinline__ void kv_decode8(KvType t, const uint8_t* row
 }
 
 // One block of 32 values (x) into `dst` in storage type t (not f16).
-__host__ __device__ __forceinline__ void kv_encode_block(KvType t, const float* x, uint8_t* dst) {
+__device__ __forceinline__ void kv_encode_block(KvType t, const float* x, uint8_t* dst) {
   auto store_scale = [dst](float d) {
     const uint16_t h = __half_as_ushort(float_to_half_rn(d));
     dst[0] = static_cast<uint8_t>(h & 0xff);
