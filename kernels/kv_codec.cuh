@@ -54,8 +54,7 @@ __device__ __forceinline__ float kv_load_scale(const uint8_t* p) {
 
 // Values i0 .. i0 + 7 (i0 a multiple of 8) of a head's row of storage type
 // t, starting at `row`.
-__device__ __forceinline__ void kv_decode8(KvType t, const uint8_t* row, int i0,
-                                                    float* out) {
+__device__ __forceinline__ void kv_decode8(KvType t, const uint8_t* row, int i0, float* out) {
   if (t == KvType::kF16) {
     for (int e = 0; e < 8; ++e)
       out[e] = fp16_bits_to_float(

@@ -117,6 +117,7 @@ struct ModelInfo {
   int64_t n_layer = 0, d_model = 0, n_head = 0, n_head_kv = 0, head_dim = 0, d_ff = 0;
   int64_t n_vocab = 0, n_ctx = 0;  // n_ctx: the context the engine ran with
   int64_t weight_bytes = 0, kv_bytes_per_token = 0;
+  std::string kv_cache = "fp16";  // the cache's types (kv_cache_label)
   // K/V one sequence at n_ctx holds: n_ctx x kv_bytes_per_token in whole
   // blocks, less what sliding-window layers free behind their window.
   int64_t kv_bytes_at_ctx = 0;
@@ -137,7 +138,8 @@ struct Report {
   std::vector<ThreadRun> runs;
 };
 
-ModelInfo model_info(const Model& model, const std::string& path, int64_t n_ctx);
+ModelInfo model_info(const Model& model, const std::string& path, int64_t n_ctx,
+                     KvType k = KvType::kF16, KvType v = KvType::kF16);
 std::string cpu_name();
 
 // ---- measurement ---------------------------------------------------------------

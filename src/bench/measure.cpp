@@ -55,8 +55,8 @@ int64_t kv_bytes_per_step(const Engine& e, int64_t n_cached, int64_t steps) {
   const ModelConfig& c = e.model().config();
   int64_t layer_positions = 0;
   for (int64_t k = 0; k < steps; ++k) layer_positions += c.attended_positions(n_cached + k);
-  // kv_bytes_per_token() covers every layer: per layer and position, / n_layer.
-  return layer_positions * (c.kv_bytes_per_token() / c.n_layer) / steps;
+  // Per layer and position: K and V in the cache's types.
+  return layer_positions * e.kv_layout().pair_bytes() / steps;
 }
 
 }  // namespace

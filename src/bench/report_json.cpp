@@ -108,6 +108,7 @@ std::string to_json(const Report& r) {
         {"n_ctx", m.n_ctx},
         {"weight_bytes", m.weight_bytes},
         {"kv_bytes_per_token", m.kv_bytes_per_token},
+        {"kv_cache", m.kv_cache},
         {"kv_bytes_at_ctx", m.kv_bytes_at_ctx}}},
       {"machine", {{"cpu", r.cpu}, {"hardware_threads", r.hardware_threads}}},
       {"settings",

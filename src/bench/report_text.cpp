@@ -241,8 +241,8 @@ std::string to_markdown(const Report& r) {
       m.n_vocab);
   o += fmt::format(
       "- context {} tokens; weights read per decode token {} ({} bytes); KV cache {} bytes per "
-      "token (fp16)",
-      m.n_ctx, si(m.weight_bytes, "B"), m.weight_bytes, m.kv_bytes_per_token);
+      "token ({})",
+      m.n_ctx, si(m.weight_bytes, "B"), m.weight_bytes, m.kv_bytes_per_token, m.kv_cache);
   if (m.kv_bytes_at_ctx > 0 && m.kv_bytes_at_ctx < m.n_ctx * m.kv_bytes_per_token)
     o += fmt::format(
         "; a sequence at {} tokens holds {} ({:.0f}% of the full cache: the sliding-window "

@@ -32,7 +32,8 @@ Stats summarize(std::span<const double> samples) {
   return s;
 }
 
-ModelInfo model_info(const Model& model, const std::string& path, int64_t n_ctx) {
+ModelInfo model_info(const Model& model, const std::string& path, int64_t n_ctx, KvType k,
+                     KvType v) {
   const ModelConfig& c = model.config();
   ModelInfo m;
   m.path = path;
@@ -47,8 +48,10 @@ ModelInfo model_info(const Model& model, const std::string& path, int64_t n_ctx)
   m.n_vocab = c.n_vocab;
   m.n_ctx = n_ctx;
   m.weight_bytes = model.weight_bytes();
-  m.kv_bytes_per_token = c.kv_bytes_per_token();
-  m.kv_bytes_at_ctx = kv_sequence_bytes(c, n_ctx, false);
+  const int64_t kv_dim = c.n_head_kv * c.head_dim;
+  m.kv_bytes_per_token = c.n_layer * (kv_row_bytes(k, kv_dim) + kv_row_bytes(v, kv_dim));
+  m.kv_cache = kv_cache_label(k, v);
+  m.kv_bytes_at_ctx = kv_sequence_bytes(c, n_ctx, false, k, v);
   for (const WeightDesc* w : model.matrices())
     if (w->id != model.token_embd().id || c.tied_embeddings) m.matmul_params += w->k * w->n_rows;
   return m;

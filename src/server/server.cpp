@@ -156,6 +156,7 @@ struct Server::Impl {
   std::map<std::pair<std::string, int>, int64_t> http_requests;  // (endpoint, status)
   int64_t rejected_429 = 0, prompt_tokens = 0, generated_tokens = 0, finished = 0, cancelled = 0;
   int64_t queue_depth = 0, slots_in_use = 0, kv_used = 0, kv_total = 0, kv_cached = 0;
+  int64_t kv_block_bytes = 0, kv_token_bytes = 0;  // in the cache's types (-ctk/-ctv)
   int64_t prefix_hit_tokens = 0, prefix_lookups = 0, prefix_hit_blocks = 0, steps = 0;
   net::Histogram ttft{net::kTimeBuckets}, latency{net::kTimeBuckets};
   std::deque<double> completions;  // when the last requests finished (seconds since t0)
@@ -752,6 +753,11 @@ std::string Server::Impl::metrics_text() {
   gauge("barata_kv_blocks_free", "KV blocks free (cached prefix blocks included)", "gauge",
         kv_total - kv_used);
   gauge("barata_kv_blocks_cached", "Free KV blocks that hold a cached prefix", "gauge", kv_cached);
+  gauge("barata_kv_bytes_used", "KV bytes held by sequences (the cache's types)", "gauge",
+        kv_used * kv_block_bytes);
+  gauge("barata_kv_bytes_total", "KV pool bytes", "gauge", kv_total * kv_block_bytes);
+  gauge("barata_kv_bytes_per_token", "K and V bytes of one position of every layer", "gauge",
+        kv_token_bytes);
   gauge("barata_prefix_cache_hit_tokens_total", "Prompt tokens taken from the prefix cache",
         "counter", prefix_hit_tokens);
   gauge("barata_prefix_cache_lookups_total", "Prefix-cache lookups", "counter", prefix_lookups);
@@ -867,6 +873,8 @@ void Server::Impl::engine_loop() {
     kv_used = kv.blocks_in_use();
     kv_total = kv.max_blocks();
     kv_cached = kv.cached_blocks();
+    kv_block_bytes = engine->kv_layout().bytes_per_block();
+    kv_token_bytes = engine->kv_bytes_per_token();
     const SchedulerStats& st = sch.stats();
     prefix_hit_tokens = st.prefix_hit_tokens;
     prefix_lookups = st.prefix_lookups;

@@ -41,6 +41,7 @@ struct BenchArgs {
   int64_t n_ctx = 0;
   int64_t bandwidth_mib = 1024;
   std::string device = "cpu";
+  std::string cache_k = "f16", cache_v = "f16";
   bool json = false, csv = false, md = false, verbose = false;
   Settings s;
 };
@@ -190,7 +191,7 @@ int run(BenchArgs& a) {
   }
   for (const auto& n : rep.notices) fmt::print(stderr, "note: {}\n", n);
 
-  rep.model = bench::model_info(model, path, n_ctx);
+  rep.model = bench::model_info(model, path, n_ctx, cache_type(a.cache_k), cache_type(a.cache_v));
   rep.verbose = a.verbose;
   rep.cpu = bench::cpu_name();
   rep.hardware_threads = static_cast<int>(std::thread::hardware_concurrency());
@@ -243,7 +244,9 @@ int run(BenchArgs& a) {
       Engine engine(model, {.n_threads = t,
                             .n_ctx = n_ctx,
                             .cache_tokens = cache_tokens,
-                            .device = parse_device(a.device).value_or(DeviceKind::kCpu)});
+                            .device = parse_device(a.device).value_or(DeviceKind::kCpu),
+                            .cache_k = cache_type(a.cache_k),
+                            .cache_v = cache_type(a.cache_v)});
       if (rep.runs.empty()) fmt::print(stderr, "{}\n", kv_pool_line(engine));
       progress.set_threads(engine.n_threads());
       rep.threads.push_back(engine.n_threads());
@@ -307,6 +310,7 @@ Command add_bench(CLI::App& app) {
   sub->add_option("-m,--model", a->model,
                   "GGUF file (default: the model scripts/fetch-model.sh fetches)")
       ->check(CLI::ExistingFile);
+  add_cache_type_options(sub, a->cache_k, a->cache_v);
   sub->add_option("--device", a->device, "Backend: cpu or cuda (default: cpu)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("-t,--threads", a->threads, "Thread counts, e.g. 1,2 (everything runs per count)")

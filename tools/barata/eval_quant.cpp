@@ -51,6 +51,7 @@ struct EvalQuantArgs {
 struct Row {
   std::string scheme;
   DType type;
+  KvType kv_k = KvType::kF16, kv_v = KvType::kF16;  // the KV cache's types
   QuantResult q;
   double rel_mean = 0, rel_worst = 0;
   std::string worst_matrix;
@@ -138,12 +139,44 @@ int run_eval_quant(EvalQuantArgs& a) {
                           ? a.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
-  std::vector<std::pair<std::string, DType>> schemes;
-  for (const std::string& name : split(a.schemes))
-    schemes.emplace_back(name, name == "reference" ? reference_type(src) : parse_quant_type(name));
+  // A scheme: weights ("reference", a quantization type), optionally with a
+  // KV cache type: "WEIGHTS+kv:K[/V]", or "kv:K[/V]" on the reference weights
+  // (V defaults to K's storage type: kv:q8_0h is K q8_0h, V q8_0).
+  struct Scheme {
+    std::string name, weights;
+    DType type;
+    KvType k = KvType::kF16, v = KvType::kF16;
+  };
+  std::vector<Scheme> schemes;
+  for (const std::string& name : split(a.schemes)) {
+    Scheme sc{name, name, DType::F16};
+    const size_t at = name.rfind("kv:");
+    if (at != std::string::npos) {
+      if (at > 0 && name[at - 1] != '+')
+        fail("--schemes: '{}': write WEIGHTS+kv:K/V or kv:K/V", name);
+      sc.weights = at == 0 ? "reference" : name.substr(0, at - 1);
+      const std::string kv = name.substr(at + 3);
+      const size_t slash = kv.find('/');
+      const std::string kn = kv.substr(0, slash);
+      const auto k = parse_kv_type(kn);
+      if (!k)
+        fail("--schemes: '{}': K cache type '{}' is none of {}", name, kn, kv_type_names(true));
+      sc.k = *k;
+      sc.v = kv_storage_type(*k);
+      if (slash != std::string::npos) {
+        const std::string vn = kv.substr(slash + 1);
+        const auto v = parse_kv_type(vn);
+        if (!v || kv_type_info(*v).k_only)
+          fail("--schemes: '{}': V cache type '{}' is none of {}", name, vn, kv_type_names(false));
+        sc.v = *v;
+      }
+    }
+    sc.type = sc.weights == "reference" ? reference_type(src) : parse_quant_type(sc.weights);
+    schemes.push_back(sc);
+  }
   if (schemes.empty()) fail("--schemes: no scheme named");
-  if (schemes.front().first != "reference")
-    schemes.insert(schemes.begin(), {"reference", reference_type(src)});
+  if (schemes.front().name != "reference")
+    schemes.insert(schemes.begin(), Scheme{"reference", "reference", reference_type(src)});
 
   TempFolder work(a.work_dir);
   const fs::path base_logits = work.path() / "reference.lgp";
@@ -154,15 +187,26 @@ int run_eval_quant(EvalQuantArgs& a) {
   for (size_t si = 0; si < schemes.size(); ++si) {
     const auto t0 = std::chrono::steady_clock::now();
     Row row;
-    row.scheme = schemes[si].first;
-    row.type = schemes[si].second;
-    fmt::print(stderr, "[{}/{}] {} ({}): quantizing\n", si + 1, schemes.size(), row.scheme,
-               quant_type_label(row.type));
-    QuantOptions qo;
-    qo.type = row.type;
-    qo.threads = threads;
-    const fs::path file = work.path() / fmt::format("{}.gguf", row.scheme);
-    row.q = quantize_model(src, qo, file);
+    row.scheme = schemes[si].name;
+    row.type = schemes[si].type;
+    row.kv_k = schemes[si].k;
+    row.kv_v = schemes[si].v;
+    const std::string& weights = schemes[si].weights;
+    const fs::path file = work.path() / fmt::format("{}.gguf", weights);
+    // Weights an earlier row quantized (a KV scheme on them) are reused.
+    const auto same = std::find_if(rows.begin(), rows.end(), [&](const Row& r) {
+      return schemes[static_cast<size_t>(&r - rows.data())].weights == weights;
+    });
+    if (same != rows.end()) {
+      row.q = same->q;
+    } else {
+      fmt::print(stderr, "[{}/{}] {} ({}): quantizing\n", si + 1, schemes.size(), row.scheme,
+                 quant_type_label(row.type));
+      QuantOptions qo;
+      qo.type = row.type;
+      qo.threads = threads;
+      row.q = quantize_model(src, qo, file);
+    }
     double sum_w = 0, sum = 0;
     for (const MatrixStats& m : row.q.matrices) {
       sum += m.rel_error * static_cast<double>(m.n);
@@ -177,9 +221,11 @@ int run_eval_quant(EvalQuantArgs& a) {
     {
       const Model model = Model::load(file);
       const Tokenizer tok = Tokenizer::from_gguf(model.file());
-      Engine engine(
-          model,
-          {.n_threads = threads, .n_ctx = std::max<int64_t>(a.n_ctx, 256), .device = device});
+      Engine engine(model, {.n_threads = threads,
+                            .n_ctx = std::max<int64_t>(a.n_ctx, 256),
+                            .device = device,
+                            .cache_k = row.kv_k,
+                            .cache_v = row.kv_v});
       PerplexityOptions po;
       po.n_ctx = a.n_ctx;
       po.max_chunks = a.chunks;
@@ -205,7 +251,10 @@ int run_eval_quant(EvalQuantArgs& a) {
       row.agree = teacher_forced_agreement(engine, traces);
     }
     std::error_code ec;
-    if (!work.kept()) fs::remove(file, ec);
+    const bool later =
+        std::any_of(schemes.begin() + static_cast<std::ptrdiff_t>(si) + 1, schemes.end(),
+                    [&](const Scheme& sc) { return sc.weights == weights; });
+    if (!work.kept() && !later) fs::remove(file, ec);
     row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fmt::print(stderr, "[{}/{}] {}: PPL {} battery {}/{} agreement {}/{} ({:.0f} s)\n", si + 1,
                schemes.size(), row.scheme, ppl_text(row.ppl.ppl), row.battery.correct,
@@ -229,6 +278,8 @@ int run_eval_quant(EvalQuantArgs& a) {
         battery.push_back({{"question", b.question}, {"reply", b.reply}, {"ok", b.ok}});
       nlohmann::json row = {{"scheme", r.scheme},
                             {"type", quant_type_label(r.type)},
+                            {"cache_type_k", kv_type_name(r.kv_k)},
+                            {"cache_type_v", kv_type_name(r.kv_v)},
                             {"bits_per_weight", r.q.bits_per_weight()},
                             {"file_bytes", r.q.file_bytes},
                             {"fallback_tensors", r.fallbacks},
@@ -300,7 +351,9 @@ Command add_eval_quant(CLI::App& app) {
                   "Text for perplexity (default: tests/data/text/devils-dictionary-a-f.txt)")
       ->check(CLI::ExistingFile);
   sub->add_option("--schemes", a->schemes,
-                  fmt::format("Comma-separated schemes; 'reference' is always first (default: {})",
+                  fmt::format("Comma-separated schemes; 'reference' is always first; a KV cache "
+                              "row: kv:K[/V] (reference weights) or WEIGHTS+kv:K[/V], e.g. "
+                              "kv:q8_0h/q8_0 (default: {})",
                               kDefaultSchemes));
   sub->add_option("-c,--ctx-size", a->n_ctx, "Perplexity chunk size (default 512)")
       ->check(CLI::Range(int64_t{8}, int64_t{1} << 20));
