@@ -233,21 +233,37 @@ inline V vexp(V x) {
 }
 
 // One head's row of the cache (hd values of type t) to floats: the values
-// kv_dequantize_row gives (kv_types.cpp), one int-to-float conversion and one
-// multiply per value, written as loops the compiler vectorizes.
+// kv_dequantize_row gives (kv_types.cpp), one exact int-to-float conversion
+// (or E4M3 table entry) and one multiply per value, so the vector copies give
+// the scalar bits.
 inline float load_half(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return fp16_to_fp32(h);
 }
 
-// E4M3 code -> float, all 256 codes (e4m3_to_fp32).
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+// E4M3 code -> float, all 256 codes (e4m3_to_fp32), for the scalar copy. (The
+// vector copies build the values from the bits; the one code they differ on,
+// 0x7f, NaN, is never written: fp32_to_e4m3 gives it only for a NaN.)
 struct E4m3Table {
   float v[256];
   E4m3Table() {
     for (int c = 0; c < 256; ++c) v[c] = e4m3_to_fp32(static_cast<uint8_t>(c));
   }
 };
+#endif
+
+// 16 codes (int32 lanes or, on AVX2, two halves of 8) times d, stored.
+#if defined(__AVX512F__)
+inline void store16(float* o, __m512i q, float d) {
+  _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(q)));
+}
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+inline void store8(float* o, __m256i q, float d) {
+  _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(q)));
+}
+#endif
 
 inline void load_row(KvType t, const uint8_t* src, float* out, int64_t hd) {
   switch (t) {
@@ -255,9 +271,22 @@ inline void load_row(KvType t, const uint8_t* src, float* out, int64_t hd) {
       for (int64_t b = 0; b < hd / 32; ++b) {
         const uint8_t* blk = src + 34 * b;
         const float d = load_half(blk);
-        const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2);
+        const uint8_t* q = blk + 2;
         float* o = out + 32 * b;
-        for (int j = 0; j < 32; ++j) o[j] = d * static_cast<float>(q[j]);
+#if defined(__AVX512F__)
+        for (int h = 0; h < 2; ++h)
+          store16(
+              o + 16 * h,
+              _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * h))),
+              d);
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+        for (int h = 0; h < 4; ++h)
+          store8(o + 8 * h,
+                 _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * h))),
+                 d);
+#else
+        for (int j = 0; j < 32; ++j) o[j] = d * static_cast<float>(static_cast<int8_t>(q[j]));
+#endif
       }
       return;
     case KvType::kQ4_0:
@@ -266,19 +295,77 @@ inline void load_row(KvType t, const uint8_t* src, float* out, int64_t hd) {
         const float d = load_half(blk);
         const uint8_t* q = blk + 2;
         float* o = out + 32 * b;
+#if defined(__AVX512F__)
+        const __m512i c =
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+        const __m512i m = _mm512_set1_epi32(15), eight = _mm512_set1_epi32(8);
+        store16(o, _mm512_sub_epi32(_mm512_and_si512(c, m), eight), d);
+        store16(o + 16, _mm512_sub_epi32(_mm512_srli_epi32(c, 4), eight), d);
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+        const __m256i m = _mm256_set1_epi32(15), eight = _mm256_set1_epi32(8);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i c =
+              _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * h)));
+          store8(o + 8 * h, _mm256_sub_epi32(_mm256_and_si256(c, m), eight), d);
+          store8(o + 16 + 8 * h, _mm256_sub_epi32(_mm256_srli_epi32(c, 4), eight), d);
+        }
+#else
         for (int j = 0; j < 16; ++j) {
           o[j] = d * static_cast<float>((q[j] & 15) - 8);
           o[j + 16] = d * static_cast<float>((q[j] >> 4) - 8);
         }
+#endif
       }
       return;
     case KvType::kFp8: {
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
       static const E4m3Table table;
+#endif
       for (int64_t b = 0; b < hd / 32; ++b) {
         const uint8_t* blk = src + 34 * b;
         const float s = load_half(blk);
+        const uint8_t* q = blk + 2;
         float* o = out + 32 * b;
-        for (int j = 0; j < 32; ++j) o[j] = s * table.v[blk[2 + j]];
+        // A code's value, exactly: e = 0: m 2^-9, else (8 + m) 2^(e - 10):
+        // the integer (8 [e > 0] + m) times the power of two built from
+        // max(e, 1) (both exact), its sign then set.
+#if defined(__AVX512F__)
+        for (int h = 0; h < 2; ++h) {
+          const __m512i c =
+              _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * h)));
+          const __m512i e = _mm512_and_si512(_mm512_srli_epi32(c, 3), _mm512_set1_epi32(15));
+          const __m512i m = _mm512_and_si512(c, _mm512_set1_epi32(7));
+          const __m512i lead = _mm512_min_epi32(e, _mm512_set1_epi32(1));  // 1 when normal
+          const __m512i mant = _mm512_add_epi32(m, _mm512_slli_epi32(lead, 3));
+          const __m512i pw = _mm512_slli_epi32(
+              _mm512_add_epi32(_mm512_max_epi32(e, _mm512_set1_epi32(1)), _mm512_set1_epi32(117)),
+              23);
+          __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(mant), _mm512_castsi512_ps(pw));
+          v = _mm512_castsi512_ps(
+              _mm512_or_si512(_mm512_castps_si512(v),
+                              _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24)));
+          _mm512_storeu_ps(o + 16 * h, _mm512_mul_ps(_mm512_set1_ps(s), v));
+        }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+        for (int h = 0; h < 4; ++h) {
+          const __m256i c =
+              _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * h)));
+          const __m256i e = _mm256_and_si256(_mm256_srli_epi32(c, 3), _mm256_set1_epi32(15));
+          const __m256i m = _mm256_and_si256(c, _mm256_set1_epi32(7));
+          const __m256i lead = _mm256_min_epi32(e, _mm256_set1_epi32(1));
+          const __m256i mant = _mm256_add_epi32(m, _mm256_slli_epi32(lead, 3));
+          const __m256i pw = _mm256_slli_epi32(
+              _mm256_add_epi32(_mm256_max_epi32(e, _mm256_set1_epi32(1)), _mm256_set1_epi32(117)),
+              23);
+          __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(mant), _mm256_castsi256_ps(pw));
+          v = _mm256_castsi256_ps(
+              _mm256_or_si256(_mm256_castps_si256(v),
+                              _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24)));
+          _mm256_storeu_ps(o + 8 * h, _mm256_mul_ps(_mm256_set1_ps(s), v));
+        }
+#else
+        for (int j = 0; j < 32; ++j) o[j] = s * table.v[q[j]];
+#endif
       }
       return;
     }
