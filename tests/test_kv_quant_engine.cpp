@@ -266,6 +266,46 @@ TEST(KvQuantEngine, SharedPrefixGivesTheSameLogits) {
   }
 }
 
+// plan's promise holds: a pool of the free bytes plan counts takes the users
+// it says, each at the context it says, in every cache type; and a
+// quantized cache promises more context than fp16 for the same bytes.
+TEST(KvQuantEngine, ThePoolAdmitsTheUsersPlanPromises) {
+  const int64_t free_bytes = 3 << 20;  // 3 MiB of KV
+  int64_t f16_ctx = 0;
+  std::vector<Types> all(std::begin(kTypes), std::end(kTypes));
+  all.insert(all.begin(), Types{KvType::kF16, KvType::kF16});
+  for (const Types& t : all) {
+    SCOPED_TRACE(name(t));
+    plan::ModelShape m;
+    m.n_layer = 2;
+    m.n_head_kv = 2;
+    m.head_dim = 32;
+    m.k_type = t.k;
+    m.v_type = t.v;
+    for (int64_t users : {1, 4, 16}) {
+      const int64_t len = plan::context_per_user(m, free_bytes, users, 1 << 20);
+      ASSERT_GT(len, 0);
+      if (t.k == KvType::kF16 && users == 1) f16_ctx = len;
+      if (t.k != KvType::kF16 && users == 1) EXPECT_GT(len, f16_ctx * 5 / 4);
+      // The engine's pool: the blocks those bytes hold.
+      const Engine probe = make(t);
+      const int64_t blocks = free_bytes / probe.kv_layout().bytes_per_block();
+      Engine e(qwen2(), {.n_threads = 1,
+                         .n_ctx = len,
+                         .cache_tokens = blocks * kKvBlockTokens,
+                         .cache_k = t.k,
+                         .cache_v = t.v});
+      std::vector<KvBlockManager::Copy> copies;
+      for (int64_t u = 0; u < users; ++u) {
+        const int s = e.new_sequence();
+        ASSERT_TRUE(e.blocks().can_append(s, len))
+            << "user " << u << " of " << users << " at " << len << " tokens";
+        e.blocks().append(s, len, &copies);
+      }
+    }
+  }
+}
+
 TEST(KvQuantEngine, BadTypesForAModelAreErrors) {
   // V takes no K-only type; a rotated K needs a power-of-two head size
   // (here 32: fine), a quantized one a multiple of 32.
