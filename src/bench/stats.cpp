@@ -48,8 +48,8 @@ ModelInfo model_info(const Model& model, const std::string& path, int64_t n_ctx,
   m.n_vocab = c.n_vocab;
   m.n_ctx = n_ctx;
   m.weight_bytes = model.weight_bytes();
-  const int64_t kv_dim = c.n_head_kv * c.head_dim;
-  m.kv_bytes_per_token = c.n_layer * (kv_row_bytes(k, kv_dim) + kv_row_bytes(v, kv_dim));
+  m.kv_bytes_per_token =
+      KvLayout::uniform(c.n_layer, c.n_head_kv * c.head_dim, k, v).bytes_per_token();
   m.kv_cache = kv_cache_label(k, v);
   m.kv_bytes_at_ctx = kv_sequence_bytes(c, n_ctx, false, k, v);
   for (const WeightDesc* w : model.matrices())

@@ -50,6 +50,7 @@ struct EvalQuantArgs {
 
 struct Row {
   std::string scheme;
+  std::string weights;  // the weights' scheme ("reference", "q4_k", ...)
   DType type;
   KvType kv_k = KvType::kF16, kv_v = KvType::kF16;  // the KV cache's types
   QuantResult q;
@@ -191,12 +192,12 @@ int run_eval_quant(EvalQuantArgs& a) {
     row.type = schemes[si].type;
     row.kv_k = schemes[si].k;
     row.kv_v = schemes[si].v;
-    const std::string& weights = schemes[si].weights;
+    row.weights = schemes[si].weights;
+    const std::string& weights = row.weights;
     const fs::path file = work.path() / fmt::format("{}.gguf", weights);
     // Weights an earlier row quantized (a KV scheme on them) are reused.
-    const auto same = std::find_if(rows.begin(), rows.end(), [&](const Row& r) {
-      return schemes[static_cast<size_t>(&r - rows.data())].weights == weights;
-    });
+    const auto same =
+        std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.weights == weights; });
     if (same != rows.end()) {
       row.q = same->q;
     } else {
