@@ -14,7 +14,7 @@ namespace barata::cuda {
 
 // Bytes per block of 32 values of a storage type (f16: 64).
 __device__ __forceinline__ int kv_block_bytes(KvType t) {
-  return t == KvType::kQ4_0 ? 18 : t == KvType::kF16 ? 64 : 34;
+  return t == KvType::kQ4_0 || t == KvType::kIq4Nl ? 18 : t == KvType::kF16 ? 64 : 34;
 }
 
 // Bytes of one head's row of hd values (hd a multiple of 32 unless f16).
@@ -72,9 +72,30 @@ __device__ __forceinline__ void kv_decode8(KvType t, const uint8_t* row, int i0,
     const int shift = j0 < 16 ? 0 : 4, base = j0 % 16;
     for (int e = 0; e < 8; ++e)
       out[e] = __fmul_rn(d, static_cast<float>(((q[base + e] >> shift) & 15) - 8));
+  } else if (t == KvType::kIq4Nl) {
+    const int shift = j0 < 16 ? 0 : 4, base = j0 % 16;
+    for (int e = 0; e < 8; ++e)
+      out[e] = __fmul_rn(d, static_cast<float>(iq4nl_value((q[base + e] >> shift) & 15)));
   } else {  // fp8
     for (int e = 0; e < 8; ++e) out[e] = __fmul_rn(d, kv_e4m3_to_float(q[j0 + e]));
   }
+}
+
+// The nearest IQ4_NL value's index (ties to the lower), as kv_types.cpp.
+__device__ __forceinline__ int kv_iq4nl_index(float x) {
+  int lo = 0, hi = 15;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (x < static_cast<float>(iq4nl_value(mid))) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  return __fsub_rn(x, static_cast<float>(iq4nl_value(lo))) <=
+                 __fsub_rn(static_cast<float>(iq4nl_value(hi)), x)
+             ? lo
+             : hi;
 }
 
 // One block of 32 values (x) into `dst` in storage type t (not f16).
@@ -107,6 +128,44 @@ __device__ __forceinline__ void kv_encode_block(KvType t, const float* x, uint8_
       int b = static_cast<int>(__fadd_rn(__fmul_rn(x[j + 16], id), 8.5f));
       a = a < 15 ? a : 15;
       b = b < 15 ? b : 15;
+      dst[2 + j] = static_cast<uint8_t>(a | (b << 4));
+    }
+  } else if (t == KvType::kIq4Nl) {  // kv_types.cpp's scale search, step for step
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; ++j)
+      if (fabsf(x[j]) > amax) {
+        amax = fabsf(x[j]);
+        max = x[j];
+      }
+    if (amax == 0.0f) {
+      for (int j = 0; j < 18; ++j) dst[j] = 0;
+      store_scale(0.0f);
+      return;
+    }
+    float best_d = 0.0f, best_num = -1.0f, best_den = 1.0f;
+    for (int i = -8; i <= 8; ++i) {
+      const float id = __fdiv_rn(
+          __fadd_rn(static_cast<float>(iq4nl_value(0)), __fmul_rn(static_cast<float>(i), 0.5f)),
+          max);
+      float sqx = 0.0f, sq2 = 0.0f;
+      for (int j = 0; j < 32; ++j) {
+        const float q = static_cast<float>(iq4nl_value(kv_iq4nl_index(__fmul_rn(x[j], id))));
+        sqx = __fadd_rn(sqx, __fmul_rn(q, x[j]));
+        sq2 = __fadd_rn(sq2, __fmul_rn(q, q));
+      }
+      const float num = __fmul_rn(sqx, sqx);
+      if (sq2 > 0.0f && __fmul_rn(num, best_den) > __fmul_rn(best_num, sq2)) {
+        best_num = num;
+        best_den = sq2;
+        best_d = __fdiv_rn(sqx, sq2);
+      }
+    }
+    store_scale(best_d);
+    const float d = kv_load_scale(dst);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    for (int j = 0; j < 16; ++j) {
+      const int a = kv_iq4nl_index(__fmul_rn(x[j], id));
+      const int b = kv_iq4nl_index(__fmul_rn(x[j + 16], id));
       dst[2 + j] = static_cast<uint8_t>(a | (b << 4));
     }
   } else {  // fp8

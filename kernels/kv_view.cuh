@@ -13,16 +13,17 @@
 namespace barata::cuda {
 
 struct KvDeviceView {
-  uint8_t* pool = nullptr;                // block b starts at pool + b * block_bytes
-  int64_t block_bytes = 0;                // layers per group * block_tokens * (k_row + v_row)
-  int32_t layer = 0;                      // the layer this call reads or writes, in its group
-  int32_t kv_dim = 0;                     // n_head_kv * head_dim
-  int32_t block_tokens = 16;              // tokens per block
-  int32_t k_row = 0, v_row = 0;           // bytes of one token's K and V row
-  KvType k_type = KvType::kF16;           // storage types (a rotated K: its codes' type;
-  KvType v_type = KvType::kF16;           // the rotation is rope_kv's)
-  bool rotate_k = false;                  // rope_kv rotates k by H and q by H / head_dim
-  const float* k_offset = nullptr;        // rope_kv subtracts it from k (kv_dim; null: none)
+  uint8_t* pool = nullptr;          // block b starts at pool + b * block_bytes
+  int64_t block_bytes = 0;          // layers per group * block_tokens * (k_row + v_row)
+  int32_t layer = 0;                // the layer this call reads or writes, in its group
+  int32_t kv_dim = 0;               // n_head_kv * head_dim
+  int32_t block_tokens = 16;        // tokens per block
+  int32_t k_row = 0, v_row = 0;     // bytes of one token's K and V row
+  KvType k_type = KvType::kF16;     // storage types (a rotated K: its codes' type;
+  KvType v_type = KvType::kF16;     // the rotation is rope_kv's)
+  bool rotate_k = false;            // rope_kv rotates k by H and q by H / head_dim
+  const float* k_offset = nullptr;  // rope_kv subtracts it from k (kv_dim; null: none)
+  const float* k_scale = nullptr;   // rope_kv: k / s, q * s (kv_dim powers of two; null: none)
   const int32_t* block_tables = nullptr;  // device: every sequence's table of the layer's group
 };
 

@@ -19,7 +19,8 @@ constexpr int kThreads = 128;
 // threads over kv_dim store k and v into the row's cache slot as fp16, in
 // coalesced runs; a quantized type takes a thread per block of 32 values
 // (kv_codec.cuh). An outlier-aware K type first subtracts the keys' offset
-// (kv.k_offset) from k, and a rotated one then rotates every q and k head by the
+// (kv.k_offset) from k, a scaled one divides k's channels by kv.k_scale and
+// multiplies q's by it, and a rotated one then rotates every q and k head by the
 // Walsh-Hadamard butterflies (stride 1, 2, 4, ... as the CPU's
 // hadamard_transform), a barrier between strides, and scales q by 1/head_dim.
 __global__ void __launch_bounds__(kThreads)
@@ -51,6 +52,16 @@ __global__ void __launch_bounds__(kThreads)
   if (kv.k_offset != nullptr) {  // the keys' constant part (kv_types.h)
     for (int64_t i = threadIdx.x; i < kv_dim; i += kThreads)
       kr[i] = __fsub_rn(kr[i], __ldg(kv.k_offset + i));
+    __syncthreads();
+  }
+  if (kv.k_scale != nullptr) {  // k / s and q * s per channel, exact (powers of two)
+    const int64_t group_dim = static_cast<int64_t>(a.n_head / a.n_head_kv) * a.head_dim;
+    for (int64_t i = threadIdx.x; i < kv_dim; i += kThreads)
+      kr[i] = __fdiv_rn(kr[i], __ldg(kv.k_scale + i));
+    for (int64_t i = threadIdx.x; i < q_dim; i += kThreads) {
+      const int64_t kv_head = i / group_dim, c = i % a.head_dim;
+      qr[i] = __fmul_rn(qr[i], __ldg(kv.k_scale + kv_head * a.head_dim + c));
+    }
     __syncthreads();
   }
   if (kv.rotate_k) {

@@ -165,6 +165,10 @@ CreateFn cuda_module() {
 }  // namespace
 #endif
 
+void Backend::set_qk_observer(QkObserver) {
+  fail("the {} backend cannot report q and k (calibration runs on the CPU)", device_name(kind()));
+}
+
 void Backend::run_step(const StepProgram& program, const Batch& batch, const ModelConfig& c,
                        float* host_logits, const std::function<void(int64_t)>& on_layer_end) {
   const int64_t T = batch.size();

@@ -11,15 +11,19 @@
 namespace barata {
 namespace {
 
-constexpr std::array<KvTypeInfo, 8> kInfo{{
-    {"f16", 1, 2, false, false, false},
-    {"q8_0", 32, 34, false, false, false},
-    {"q4_0", 32, 18, false, false, false},
-    {"fp8", 32, 34, false, false, false},
-    {"q8_0o", 32, 34, true, false, true},
-    {"q4_0o", 32, 18, true, false, true},
-    {"q8_0h", 32, 34, true, true, true},
-    {"q4_0h", 32, 18, true, true, true},
+constexpr std::array<KvTypeInfo, 12> kInfo{{
+    {"f16", 1, 2, false, false, false, false},
+    {"q8_0", 32, 34, false, false, false, false},
+    {"q4_0", 32, 18, false, false, false, false},
+    {"fp8", 32, 34, false, false, false, false},
+    {"q8_0o", 32, 34, true, false, false, true},
+    {"q4_0o", 32, 18, true, false, false, true},
+    {"q8_0h", 32, 34, true, true, false, true},
+    {"q4_0h", 32, 18, true, true, false, true},
+    {"q8_0s", 32, 34, true, true, true, true},
+    {"q4_0s", 32, 18, true, true, true, true},
+    {"iq4_nl", 32, 18, false, false, false, false},
+    {"iq4_nls", 32, 18, true, true, true, true},
 }};
 
 void store_f16(uint8_t* dst, float d) {
@@ -55,6 +59,66 @@ void quantize_q4_0(const float* x, uint8_t* dst) {
   for (int j = 0; j < 16; ++j) {
     const int a = std::min(15, static_cast<int>(x[j] * id + 8.5f));
     const int b = std::min(15, static_cast<int>(x[j + 16] * id + 8.5f));
+    dst[2 + j] = static_cast<uint8_t>(a | (b << 4));
+  }
+}
+
+// The nearest of the 16 values to x (ties to the lower one): a binary
+// search over the sorted grid.
+int iq4nl_index(float x) {
+  int lo = 0, hi = 15;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (x < static_cast<float>(iq4nl_value(mid))) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  return x - static_cast<float>(iq4nl_value(lo)) <= static_cast<float>(iq4nl_value(hi)) - x ? lo
+                                                                                            : hi;
+}
+
+// Scale search: for each trial inverse scale id = (iq4nl_value(0) + i/2) / max,
+// i in -8..8 (max the value of largest magnitude), the codes of x * id, then
+// the least-squares d for those codes; the d that explains most of the
+// block's energy (sumqx^2 / sumq2 largest, the first on a tie) is kept and
+// the codes recomputed with its fp16 value. Sums are sequential fp32 in the
+// order written: the CUDA encoder (kernels/kv_codec.cuh) does the same.
+void quantize_iq4nl(const float* x, uint8_t* dst) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 32; ++j)
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  if (amax == 0.0f) {
+    std::memset(dst, 0, 18);
+    store_f16(dst, 0.0f);
+    return;
+  }
+  float best_d = 0.0f, best_num = -1.0f, best_den = 1.0f;
+  for (int i = -8; i <= 8; ++i) {
+    const float id = (static_cast<float>(iq4nl_value(0)) + static_cast<float>(i) * 0.5f) / max;
+    float sqx = 0.0f, sq2 = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      const float q = static_cast<float>(iq4nl_value(iq4nl_index(x[j] * id)));
+      sqx += q * x[j];
+      sq2 += q * q;
+    }
+    // sqx^2 / sq2 > best_num / best_den, without dividing
+    const float num = sqx * sqx;
+    if (sq2 > 0.0f && num * best_den > best_num * sq2) {
+      best_num = num;
+      best_den = sq2;
+      best_d = sqx / sq2;
+    }
+  }
+  store_f16(dst, best_d);
+  const float d = load_f16(dst);
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int j = 0; j < 16; ++j) {
+    const int a = iq4nl_index(x[j] * id), b = iq4nl_index(x[j + 16] * id);
     dst[2 + j] = static_cast<uint8_t>(a | (b << 4));
   }
 }
@@ -99,10 +163,14 @@ KvType kv_storage_type(KvType t) {
   switch (t) {
     case KvType::kQ8_0O:
     case KvType::kQ8_0H:
+    case KvType::kQ8_0S:
       return KvType::kQ8_0;
     case KvType::kQ4_0O:
     case KvType::kQ4_0H:
+    case KvType::kQ4_0S:
       return KvType::kQ4_0;
+    case KvType::kIq4NlS:
+      return KvType::kIq4Nl;
     default:
       return t;
   }
@@ -132,6 +200,9 @@ void kv_quantize_row(KvType t, const float* x, uint8_t* dst, int64_t n) {
       return;
     case KvType::kFp8:
       for (int64_t b = 0; b < n / 32; ++b) quantize_fp8(x + 32 * b, dst + 34 * b);
+      return;
+    case KvType::kIq4Nl:
+      for (int64_t b = 0; b < n / 32; ++b) quantize_iq4nl(x + 32 * b, dst + 18 * b);
       return;
     default:
       fail("kv_quantize_row: unknown cache type {}", static_cast<int>(t));
@@ -166,6 +237,16 @@ void kv_dequantize_row(KvType t, const uint8_t* src, float* out, int64_t n) {
         const uint8_t* blk = src + 34 * b;
         const float s = load_f16(blk);
         for (int j = 0; j < 32; ++j) out[32 * b + j] = s * e4m3_to_fp32(blk[2 + j]);
+      }
+      return;
+    case KvType::kIq4Nl:
+      for (int64_t b = 0; b < n / 32; ++b) {
+        const uint8_t* blk = src + 18 * b;
+        const float d = load_f16(blk);
+        for (int j = 0; j < 16; ++j) {
+          out[32 * b + j] = d * static_cast<float>(iq4nl_value(blk[2 + j] & 15));
+          out[32 * b + j + 16] = d * static_cast<float>(iq4nl_value(blk[2 + j] >> 4));
+        }
       }
       return;
     default:

@@ -93,9 +93,10 @@ AttnArgs args_for(const Shape& s, const Cache& c, const float* q, float* out,
 struct Types {
   KvType k, v;
 };
-constexpr Types kTypes[] = {{KvType::kF16, KvType::kF16},   {KvType::kQ8_0, KvType::kQ8_0},
-                            {KvType::kQ4_0, KvType::kQ4_0}, {KvType::kFp8, KvType::kFp8},
-                            {KvType::kQ8_0, KvType::kF16},  {KvType::kF16, KvType::kQ4_0}};
+constexpr Types kTypes[] = {{KvType::kF16, KvType::kF16},    {KvType::kQ8_0, KvType::kQ8_0},
+                            {KvType::kQ4_0, KvType::kQ4_0},  {KvType::kFp8, KvType::kFp8},
+                            {KvType::kQ8_0, KvType::kF16},   {KvType::kF16, KvType::kQ4_0},
+                            {KvType::kIq4Nl, KvType::kIq4Nl}};
 bool quantized(const Types& t) {
   return t.k != KvType::kF16 || t.v != KvType::kF16;
 }

@@ -346,11 +346,9 @@ void run_decode(const Shape& s, const std::vector<int>& positions, const DecodeS
 // values the host's codec gives (the reference reads those), for every type,
 // K and V of different types, prefill and decode, split and not.
 TEST(EmuAttention, QuantizedCacheTypes) {
-  const KvType types[][2] = {{KvType::kQ8_0, KvType::kQ8_0},
-                             {KvType::kQ4_0, KvType::kQ4_0},
-                             {KvType::kFp8, KvType::kFp8},
-                             {KvType::kQ8_0, KvType::kF16},
-                             {KvType::kF16, KvType::kQ4_0}};
+  const KvType types[][2] = {{KvType::kQ8_0, KvType::kQ8_0}, {KvType::kQ4_0, KvType::kQ4_0},
+                             {KvType::kFp8, KvType::kFp8},   {KvType::kQ8_0, KvType::kF16},
+                             {KvType::kF16, KvType::kQ4_0},  {KvType::kIq4Nl, KvType::kIq4Nl}};
   const std::vector<PrefillSeq> seqs = {{17, 15}, {0, 33}};
   const std::vector<int> positions = {69, 0, 16, 40};
   uint32_t seed = 600;

@@ -324,11 +324,10 @@ TEST(EmuKernels, RopeKvMatchesReference) {
       {3, 3, 64, 64, true},  {16, 8, 128, 128, false}, {2, 2, 64, 2, false}};
   // The cache types: rows in fp16, or quantized (and K rotated) by the same
   // codec as the CPU's (kv_types.h), byte for byte.
-  const KvType types[][2] = {{KvType::kF16, KvType::kF16},
-                             {KvType::kQ8_0, KvType::kQ4_0},
-                             {KvType::kQ4_0H, KvType::kFp8},
-                             {KvType::kQ8_0H, KvType::kQ8_0},
-                             {KvType::kQ4_0O, KvType::kF16}};
+  const KvType types[][2] = {{KvType::kF16, KvType::kF16},   {KvType::kQ8_0, KvType::kQ4_0},
+                             {KvType::kQ4_0H, KvType::kFp8}, {KvType::kQ8_0H, KvType::kQ8_0},
+                             {KvType::kQ4_0O, KvType::kF16}, {KvType::kIq4NlS, KvType::kIq4Nl},
+                             {KvType::kQ4_0S, KvType::kQ8_0}};
   int n_case = 0;
   for (const auto& ty : types)
     for (const RopeCase& c : cases) {
@@ -374,6 +373,10 @@ TEST(EmuKernels, RopeKvMatchesReference) {
 
       // The keys' offset of the outlier-aware types (any constant will do here).
       const std::vector<float> koff = random_floats(static_cast<size_t>(kv_dim), rng);
+      // The scaled types' per-channel scales (kv_calibrate.h): positive, not powers of two.
+      std::vector<float> kscale(static_cast<size_t>(kv_dim));
+      std::uniform_real_distribution<float> ud(-3.0f, 3.0f);
+      for (float& x : kscale) x = std::exp2(ud(rng));
       // the reference: the CPU backend's rope, offset, rotation, and row codec into the slots
       std::vector<float> wq = q, wk = k;
       std::vector<uint8_t> wpool = pool;
@@ -392,6 +395,13 @@ TEST(EmuKernels, RopeKvMatchesReference) {
           rope(wk.data() + t * kv_dim + h * c.head_dim, rows[t].pos);
         if (kv_type_info(kt).offset)
           for (int i = 0; i < kv_dim; ++i) wk[t * kv_dim + i] -= koff[i];
+        if (kv_type_info(kt).scaled) {
+          for (int i = 0; i < kv_dim; ++i) wk[t * kv_dim + i] /= kscale[i];
+          const int group = c.n_head / c.n_head_kv;
+          for (int h = 0; h < c.n_head; ++h)
+            for (int i = 0; i < c.head_dim; ++i)
+              wq[t * q_dim + h * c.head_dim + i] *= kscale[(h / group) * c.head_dim + i];
+        }
         if (kv_type_info(kt).rotated) {
           for (int h = 0; h < c.n_head; ++h) {
             float* x = wq.data() + t * q_dim + h * c.head_dim;
@@ -430,6 +440,7 @@ TEST(EmuKernels, RopeKvMatchesReference) {
       kv.v_type = kv_storage_type(vt);
       kv.rotate_k = kv_type_info(kt).rotated;
       kv.k_offset = kv_type_info(kt).offset ? koff.data() : nullptr;
+      kv.k_scale = kv_type_info(kt).scaled ? kscale.data() : nullptr;
       kv.block_tables = tables.data();
       cuda::launch_rope_kv(q.data(), k.data(), v.data(), rows.data(), n_rows, a, kv, nullptr);
 

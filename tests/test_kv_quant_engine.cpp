@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "barata/engine.h"
+#include "barata/kv_calibrate.h"
 #include "barata/error.h"
 #include "barata/gguf.h"
 #include "barata/kv_types.h"
@@ -40,7 +41,8 @@ const Types kTypes[] = {
     {KvType::kQ8_0, KvType::kQ8_0},  {KvType::kQ4_0, KvType::kQ4_0},
     {KvType::kFp8, KvType::kFp8},    {KvType::kQ8_0O, KvType::kQ8_0},
     {KvType::kQ4_0O, KvType::kQ4_0}, {KvType::kQ8_0H, KvType::kF16},
-    {KvType::kQ4_0H, KvType::kFp8},
+    {KvType::kQ4_0H, KvType::kFp8},  {KvType::kIq4NlS, KvType::kIq4Nl},
+    {KvType::kQ8_0S, KvType::kQ8_0},
 };
 std::string name(const Types& t) {
   return kv_cache_label(t.k, t.v);
@@ -110,7 +112,8 @@ TEST(KvQuantEngine, LogitsNearTheFp16CacheInOrderOfBits) {
     }
     const double rel = err / scale;  // mean |error| over mean |logit|
     EXPECT_LT(rel, 1.0);
-    const bool four = kv_storage_type(t.k) == KvType::kQ4_0 || t.v == KvType::kQ4_0;
+    const bool four = kv_storage_type(t.k) == KvType::kQ4_0 || t.v == KvType::kQ4_0 ||
+                      kv_storage_type(t.k) == KvType::kIq4Nl;
     if (four) {
       best4 = std::min(best4, rel);
     } else if (t.k == KvType::kFp8) {
@@ -171,11 +174,49 @@ TEST(KvQuantEngine, OutlierAwareKOnQwen2) {
   };
   const double q8 = kl(KvType::kQ8_0, KvType::kQ8_0), q8h = kl(KvType::kQ8_0H, KvType::kQ8_0);
   const double q4 = kl(KvType::kQ4_0, KvType::kQ4_0), q4o = kl(KvType::kQ4_0O, KvType::kQ4_0);
-  printf("  mean KL from the fp16 cache: q8_0 %.5f, q8_0h %.5f, q4_0 %.4f, q4_0o %.4f\n", q8, q8h,
-         q4, q4o);
+  // The calibrated per-channel scales (kv_calibrate.h) with IQ4_NL codes.
+  const double q8s = kl(KvType::kQ8_0S, KvType::kQ8_0);
+  const double q4s = kl(KvType::kIq4NlS, KvType::kIq4Nl);
+  printf(
+      "  mean KL from the fp16 cache: q8_0 %.5f, q8_0h %.5f, q8_0s %.5f, q4_0 %.4f, q4_0o %.4f, "
+      "iq4_nls/iq4_nl %.4f\n",
+      q8, q8h, q8s, q4, q4o, q4s);
   EXPECT_LT(q8h * 2, q8);
   EXPECT_LT(q8h, 0.01);
+  EXPECT_LT(q8s, 0.01);
   EXPECT_LT(q4o * 3, q4);
+  EXPECT_LT(q4s * 2, q4o);
+}
+
+// The scales of the scaled K types: one per layer and K channel, finite and
+// positive, each head's geometric mean 1, the same on every call (the
+// calibration is a fixed text through a deterministic forward), and a wrong
+// set refused.
+TEST(KvQuantEngine, KeyScalesAreCalibratedOnce) {
+  const Model& m = qwen2();
+  const ModelConfig& c = m.config();
+  const std::vector<float> a = calibrate_key_scales(m, 64, 2), b = calibrate_key_scales(m, 64, 1);
+  ASSERT_EQ(a.size(), static_cast<size_t>(c.n_layer * c.n_head_kv * c.head_dim));
+  EXPECT_EQ(a, b);
+  bool varied = false;
+  for (int64_t h = 0; h < c.n_layer * c.n_head_kv; ++h) {
+    double lg = 0;
+    for (int64_t i = 0; i < c.head_dim; ++i) {
+      const float s = a[static_cast<size_t>(h * c.head_dim + i)];
+      ASSERT_TRUE(std::isfinite(s) && s > 0.0f) << s;
+      lg += std::log2(s);
+      varied |= s != 1.0f;
+    }
+    EXPECT_NEAR(lg / static_cast<double>(c.head_dim), 0.0, 1e-4);
+  }
+  EXPECT_TRUE(varied);
+  const KvLayout scaled = kv_layout_for(c, true, KvType::kQ4_0S, KvType::kQ4_0);
+  EXPECT_NO_THROW(check_key_scales(c, scaled, a));
+  EXPECT_THROW(check_key_scales(c, scaled, {}), Error);
+  EXPECT_THROW(check_key_scales(c, kv_layout_for(c, true), a), Error);
+  std::vector<float> bad = a;
+  bad[3] = 0.0f;
+  EXPECT_THROW(check_key_scales(c, scaled, bad), Error);
 }
 
 // A sequence's logits do not depend on the batch it decodes in, nor on its

@@ -80,6 +80,18 @@ class Backend {
   // needed, what is free) before allocating anything when it cannot fit.
   virtual void prepare(const Model& model, const KvLayout& kv, int64_t n_blocks, int64_t n_ctx) = 0;
 
+  // The calibrated per-channel key scales of a scaled K type (kv_types.h,
+  // kv_calibrate.h): n_layer x kv_dim powers of two. Set before prepare.
+  void set_key_scales(std::vector<float> s) { key_scale_ = std::move(s); }
+
+  // Called at the end of every rope_kv with the rows x q_dim queries and
+  // rows x kv_dim keys as it leaves them, on the host: after RoPE, and after
+  // what the K type does to them (none for f16, the cache kv_calibrate.cpp
+  // measures with). The CPU backend has it; the others throw.
+  using QkObserver =
+      std::function<void(int64_t layer, const float* q, const float* k, int64_t rows)>;
+  virtual void set_qk_observer(QkObserver f);
+
   // The step the engine will run (recorded once, include/barata/step.h; it
   // outlives the backend's use of it). A backend may plan over it: which
   // matmuls read an activation, which layer an op is of. Ops called outside
@@ -163,6 +175,7 @@ class Backend {
   virtual void step_end(float* host_logits) {}
 
   const StepProgram* program_ = nullptr;
+  std::vector<float> key_scale_;  // set_key_scales
   // The op of run_step's program being run and its index (null and -1
   // outside run_step: the op tests call ops one by one, and a backend then
   // reuses and fuses nothing).

@@ -11,6 +11,11 @@
 //   q4_0   ggml's Q4_0 block: fp16 d = (the value of largest magnitude) / -8,
 //          32 4-bit codes (values 0..15 in the low nibbles, 16..31 in the
 //          high ones), x = d * (q - 8) (18 bytes per 32 values).
+//   iq4_nl ggml's IQ4_NL block layout: fp16 d, 32 4-bit codes packed as
+//          q4_0's, x = d * kIq4NlValues[q], a non-uniform grid that fits
+//          bell-shaped values (rotated keys, values) better than q4_0's
+//          uniform one. The scale is chosen per block by a least-squares
+//          search (kv_types.cpp), so the bytes are barata's, not ggml's.
 //   fp8    OCP FP8 E4M3 (bias 7, no infinities, max 448) with an fp16 scale
 //          per block of 32, s = absmax / 448: x = s * e4m3(q) (34 bytes).
 //
@@ -28,8 +33,17 @@
 //          by H / head_dim, so q.k is unchanged: (H q / n).(H k) = q.k since
 //          H H = n I (ik_llama.cpp rotates K the same way, QuaRot too). The
 //          rotation spreads what outliers are left over the whole head.
-// Measured on Qwen2.5-Coder-0.5B (docs/kv-cache.md): q8_0h is the best
-// 8-bit K and q4_0o the best 4-bit one (the rotation costs at 4 bits).
+//   q8_0s, q4_0s   the offset subtracted, then each channel c of k divided
+//          by a calibrated scale s_c and the query's channel multiplied by
+//          it ((q s).(k / s) = q.k), then rotated as the h types.
+//          s_c = sqrt(max|k_c| / rms(q_c)) balances where the keys are large
+//          against where the queries look (SmoothQuant's migration applied
+//          to q.k), so that the rotation no longer spreads a channel that
+//          the queries weigh lightly over the ones they weigh heavily.
+//          kv_calibrate.h measures it on a short text at load.
+//   iq4_nls   the same, stored as iq4_nl.
+// Measured on Qwen2.5-Coder-0.5B (docs/kv-cache.md): q8_0s is the best
+// 8-bit K and iq4_nls the best 4-bit one.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +53,20 @@
 
 namespace barata {
 
-enum class KvType : uint8_t { kF16, kQ8_0, kQ4_0, kFp8, kQ8_0O, kQ4_0O, kQ8_0H, kQ4_0H };
+enum class KvType : uint8_t {
+  kF16,
+  kQ8_0,
+  kQ4_0,
+  kFp8,
+  kQ8_0O,
+  kQ4_0O,
+  kQ8_0H,
+  kQ4_0H,
+  kQ8_0S,
+  kQ4_0S,
+  kIq4Nl,
+  kIq4NlS
+};
 
 struct KvTypeInfo {
   const char* name;
@@ -47,6 +74,7 @@ struct KvTypeInfo {
   int32_t block_bytes;  // bytes per block
   bool offset;          // the keys' constant part subtracted before quantizing
   bool rotated;         // K rotated per head (Walsh-Hadamard) before quantizing
+  bool scaled;          // K divided per channel by calibrated scales (q multiplied)
   bool k_only;          // valid for K only
 };
 const KvTypeInfo& kv_type_info(KvType t);
@@ -83,6 +111,17 @@ void kv_dequantize_row(KvType t, const uint8_t* src, float* out, int64_t n);
 // two): x <- H x, the butterflies in the order the backends use (stride 1,
 // 2, 4, ...), so every backend rounds the same way.
 void hadamard_transform(float* x, int64_t n);
+
+// IQ4_NL's 16 values, ascending (ggml's kvalues_iq4nl, a fact of the
+// format): -127 -104 -83 -65 -49 -35 -22 -10 1 13 25 38 53 69 89 113, as
+// int8 bytes packed into two words. A function of shifts, so that device
+// code (nvcc --expt-relaxed-constexpr) calls it without a table in memory.
+constexpr int iq4nl_value(int i) {
+  constexpr uint64_t lo = 0xF6EADDCFBFAD9881ull, hi = 0x7159453526190D01ull;
+  return static_cast<int8_t>(static_cast<uint8_t>(((i < 8 ? lo : hi) >> (8 * (i & 7))) & 0xff));
+}
+static_assert(iq4nl_value(0) == -127 && iq4nl_value(7) == -10 && iq4nl_value(8) == 1 &&
+              iq4nl_value(15) == 113);
 
 // E4M3 codes: round to nearest even, saturating at +-448; and back.
 uint8_t fp32_to_e4m3(float x);

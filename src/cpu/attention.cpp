@@ -317,6 +317,44 @@ inline void load_row(KvType t, const uint8_t* src, float* out, int64_t hd) {
 #endif
       }
       return;
+    case KvType::kIq4Nl:
+      for (int64_t b = 0; b < hd / 32; ++b) {
+        const uint8_t* blk = src + 18 * b;
+        const float d = load_half(blk);
+        const uint8_t* q = blk + 2;
+        float* o = out + 32 * b;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+        // The grid as 16 bytes; pshufb looks every code up at once.
+        const __m128i grid =
+            _mm_setr_epi8(static_cast<char>(iq4nl_value(0)), static_cast<char>(iq4nl_value(1)),
+                          static_cast<char>(iq4nl_value(2)), static_cast<char>(iq4nl_value(3)),
+                          static_cast<char>(iq4nl_value(4)), static_cast<char>(iq4nl_value(5)),
+                          static_cast<char>(iq4nl_value(6)), static_cast<char>(iq4nl_value(7)),
+                          static_cast<char>(iq4nl_value(8)), static_cast<char>(iq4nl_value(9)),
+                          static_cast<char>(iq4nl_value(10)), static_cast<char>(iq4nl_value(11)),
+                          static_cast<char>(iq4nl_value(12)), static_cast<char>(iq4nl_value(13)),
+                          static_cast<char>(iq4nl_value(14)), static_cast<char>(iq4nl_value(15)));
+        const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+        const __m128i m = _mm_set1_epi8(15);
+        const __m128i lo = _mm_shuffle_epi8(grid, _mm_and_si128(c, m));
+        const __m128i hi = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(c, 4), m));
+#if defined(__AVX512F__)
+        store16(o, _mm512_cvtepi8_epi32(lo), d);
+        store16(o + 16, _mm512_cvtepi8_epi32(hi), d);
+#else
+        store8(o, _mm256_cvtepi8_epi32(lo), d);
+        store8(o + 8, _mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)), d);
+        store8(o + 16, _mm256_cvtepi8_epi32(hi), d);
+        store8(o + 24, _mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)), d);
+#endif
+#else
+        for (int j = 0; j < 16; ++j) {
+          o[j] = d * static_cast<float>(iq4nl_value(q[j] & 15));
+          o[j + 16] = d * static_cast<float>(iq4nl_value(q[j] >> 4));
+        }
+#endif
+      }
+      return;
     case KvType::kFp8: {
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
       static const E4m3Table table;

@@ -10,6 +10,7 @@
 
 #include "barata/error.h"
 #include "barata/half.h"
+#include "barata/kv_calibrate.h"
 #include "cpu/dot.h"
 #include "cpu/isa.h"
 #include "cpu/matmul.h"
@@ -112,7 +113,10 @@ class CpuBackend final : public Backend {
     pool_kv_ = std::make_unique<HostKvPool>(kv, n_blocks);
     key_off_.clear();
     if (kv_type_info(kv.k_type).offset) key_off_ = key_offsets(model, n_ctx);
+    check_key_scales(model.config(), kv, key_scale_);
   }
+
+  void set_qk_observer(QkObserver f) override { qk_observer_ = std::move(f); }
 
   void begin(const Batch& batch) override {
     batch_ = &batch;
@@ -274,6 +278,7 @@ class CpuBackend final : public Backend {
   RepackArena arena_;              // the repacked copies of the matrices whose kernels want them
   std::unique_ptr<HostKvPool> pool_kv_;
   std::vector<float> key_off_;  // key_offsets(), for the cache types that subtract it
+  QkObserver qk_observer_;
   DequantizeRowFn embed_row_ = nullptr;
   const Batch* batch_ = nullptr;
   int64_t scratch_rows_ = 0;
@@ -365,6 +370,17 @@ void CpuBackend::rope_kv(int64_t layer, float* q, float* k, const float* v) {
           float* kr = k + t * kv_dim;
           for (int64_t i = 0; i < kv_dim; ++i) kr[i] -= off[i];
         }
+        if (!key_scale_.empty()) {  // k / s and q s (kv_calibrate.h)
+          const float* sc = key_scale_.data() + layer * kv_dim;
+          float* kr = k + t * kv_dim;
+          for (int64_t i = 0; i < kv_dim; ++i) kr[i] /= sc[i];
+          const int64_t group = c.n_head / c.n_head_kv;
+          for (int64_t h = 0; h < c.n_head; ++h) {
+            float* x = q + t * q_dim + h * hd;
+            const float* sh = sc + (h / group) * hd;
+            for (int64_t i = 0; i < hd; ++i) x[i] *= sh[i];
+          }
+        }
         if (rotate_k) {  // kv_types.h: k <- H k, q <- H q / head_dim
           const float inv = 1.0f / static_cast<float>(hd);
           for (int64_t h = 0; h < c.n_head; ++h) {
@@ -389,6 +405,7 @@ void CpuBackend::rope_kv(int64_t layer, float* q, float* k, const float* v) {
   } else {
     run(std::false_type{});
   }
+  if (qk_observer_) qk_observer_(layer, q, k, T);
 }
 
 // Tiled attention (src/cpu/attention.cpp): a work item is a run of at most

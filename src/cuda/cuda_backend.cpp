@@ -23,6 +23,7 @@
 #include "attention.cuh"
 #include "barata/error.h"
 #include "barata/half.h"
+#include "barata/kv_calibrate.h"
 #include "dequant.cuh"
 #ifndef BARATA_CUDA_EMU
 #include "device.cuh"
@@ -428,6 +429,7 @@ class CudaBackend final : public Backend {
     v.v_type = kv_storage_type(layout_.v_type);
     v.rotate_k = kv_type_info(layout_.k_type).rotated;
     v.k_offset = key_off_ ? key_off_ + layer * layout_.kv_dim : nullptr;
+    v.k_scale = key_scale_dev_ ? key_scale_dev_ + layer * layout_.kv_dim : nullptr;
     v.block_tokens = static_cast<int32_t>(kKvBlockTokens);
     v.block_tables = d_tables() + static_cast<int64_t>(layout_.group(layer)) * group_stride_;
     return v;
@@ -528,8 +530,9 @@ class CudaBackend final : public Backend {
   int64_t n_blocks_ = 0;
   uint8_t* pool_ = nullptr;
   float* key_off_ = nullptr;  // key_offsets(), n_layer x kv_dim, for the K types that subtract it
-  RopeArgs rope_, rope_swa_;  // the sliding-window layers' tables (the same without any)
-  AttnArgs attn_, attn_swa_;  // with the window
+  float* key_scale_dev_ = nullptr;  // key_scale_ (kv_calibrate.h), for the scaled K types
+  RopeArgs rope_, rope_swa_;        // the sliding-window layers' tables (the same without any)
+  AttnArgs attn_, attn_swa_;        // with the window
   DecodeSplit split_;
 
   // Per-batch state.
@@ -596,6 +599,8 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
                           &L.attn_post_norm, &L.ffn_post_norm})
       vectors += static_cast<int64_t>(v->size()) * 4;
   vectors += c.d_model * 4;
+  if (kv_type_info(kv.k_type).offset) vectors += c.n_layer * kv.kv_dim * 4;  // key offsets
+  vectors += static_cast<int64_t>(key_scale_.size()) * 4;                    // key scales
   const int64_t kv_bytes = kv.bytes_per_block() * n_blocks;
   // One pair of tables, two with sliding-window layers (their own base).
   const int64_t rope_bytes = (c.n_swa > 0 ? 2 : 1) * 2 * n_ctx * (c.rope_dims / 2) * 4;
@@ -686,6 +691,14 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
     key_off_ = static_cast<float*>(
         arena_.alloc(static_cast<int64_t>(off.size()) * 4, "the keys' offsets"));
     BARATA_CUDA_CHECK(cudaMemcpy(key_off_, off.data(), off.size() * 4, cudaMemcpyHostToDevice));
+  }
+  check_key_scales(c, kv, key_scale_);
+  key_scale_dev_ = nullptr;
+  if (!key_scale_.empty()) {
+    key_scale_dev_ = static_cast<float*>(
+        arena_.alloc(static_cast<int64_t>(key_scale_.size()) * 4, "the keys' scales"));
+    BARATA_CUDA_CHECK(cudaMemcpy(key_scale_dev_, key_scale_.data(), key_scale_.size() * 4,
+                                 cudaMemcpyHostToDevice));
   }
 
   // RoPE tables for every position, as the CPU makes them (double, rounded).
