@@ -81,21 +81,12 @@ __device__ __forceinline__ void kv_decode8(KvType t, const uint8_t* row, int i0,
   }
 }
 
-// The nearest IQ4_NL value's index (ties to the lower), as kv_types.cpp.
+// The nearest IQ4_NL value's index (ties to the lower), as kv_types.cpp:
+// the midpoints x lies above.
 __device__ __forceinline__ int kv_iq4nl_index(float x) {
-  int lo = 0, hi = 15;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (x < static_cast<float>(iq4nl_value(mid))) {
-      hi = mid;
-    } else {
-      lo = mid;
-    }
-  }
-  return __fsub_rn(x, static_cast<float>(iq4nl_value(lo))) <=
-                 __fsub_rn(static_cast<float>(iq4nl_value(hi)), x)
-             ? lo
-             : hi;
+  int i = 0;
+  for (int m = 0; m < 15; ++m) i += x > iq4nl_midpoint(m) ? 1 : 0;
+  return i;
 }
 
 // One block of 32 values (x) into `dst` in storage type t (not f16).
@@ -143,10 +134,9 @@ __device__ __forceinline__ void kv_encode_block(KvType t, const float* x, uint8_
       return;
     }
     float best_d = 0.0f, best_num = -1.0f, best_den = 1.0f;
-    for (int i = -8; i <= 8; ++i) {
-      const float id = __fdiv_rn(
-          __fadd_rn(static_cast<float>(iq4nl_value(0)), __fmul_rn(static_cast<float>(i), 0.5f)),
-          max);
+    for (int i = -kIq4NlTries; i <= kIq4NlTries; ++i) {
+      const float id =
+          __fdiv_rn(__fadd_rn(static_cast<float>(iq4nl_value(0)), static_cast<float>(i)), max);
       float sqx = 0.0f, sq2 = 0.0f;
       for (int j = 0; j < 32; ++j) {
         const float q = static_cast<float>(iq4nl_value(kv_iq4nl_index(__fmul_rn(x[j], id))));

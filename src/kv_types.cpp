@@ -63,28 +63,22 @@ void quantize_q4_0(const float* x, uint8_t* dst) {
   }
 }
 
-// The nearest of the 16 values to x (ties to the lower one): a binary
-// search over the sorted grid.
+// The nearest of the 16 values to x, ties to the lower: the number of
+// midpoints between neighbours (all exact in fp32) that x lies above.
+// Branch-free, so the compiler vectorizes it over a block.
 int iq4nl_index(float x) {
-  int lo = 0, hi = 15;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (x < static_cast<float>(iq4nl_value(mid))) {
-      hi = mid;
-    } else {
-      lo = mid;
-    }
-  }
-  return x - static_cast<float>(iq4nl_value(lo)) <= static_cast<float>(iq4nl_value(hi)) - x ? lo
-                                                                                            : hi;
+  int i = 0;
+  for (int m = 0; m < 15; ++m) i += x > iq4nl_midpoint(m) ? 1 : 0;
+  return i;
 }
 
-// Scale search: for each trial inverse scale id = (iq4nl_value(0) + i/2) / max,
-// i in -8..8 (max the value of largest magnitude), the codes of x * id, then
-// the least-squares d for those codes; the d that explains most of the
-// block's energy (sumqx^2 / sumq2 largest, the first on a tie) is kept and
-// the codes recomputed with its fp16 value. Sums are sequential fp32 in the
-// order written: the CUDA encoder (kernels/kv_codec.cuh) does the same.
+// Scale search: for each trial inverse scale id = (iq4nl_value(0) + i) / max,
+// i in -kIq4NlTries..kIq4NlTries (max the value of largest magnitude), the
+// codes of x * id, then the least-squares d for those codes; the d that
+// explains most of the block's energy (sumqx^2 / sumq2 largest, the first on
+// a tie) is kept and the codes recomputed with its fp16 value. Sums are
+// sequential fp32 in the order written: the CUDA encoder
+// (kernels/kv_codec.cuh) does the same.
 void quantize_iq4nl(const float* x, uint8_t* dst) {
   float amax = 0.0f, max = 0.0f;
   for (int j = 0; j < 32; ++j)
@@ -98,11 +92,13 @@ void quantize_iq4nl(const float* x, uint8_t* dst) {
     return;
   }
   float best_d = 0.0f, best_num = -1.0f, best_den = 1.0f;
-  for (int i = -8; i <= 8; ++i) {
-    const float id = (static_cast<float>(iq4nl_value(0)) + static_cast<float>(i) * 0.5f) / max;
+  for (int i = -kIq4NlTries; i <= kIq4NlTries; ++i) {
+    const float id = (static_cast<float>(iq4nl_value(0)) + static_cast<float>(i)) / max;
+    int code[32];
+    for (int j = 0; j < 32; ++j) code[j] = iq4nl_index(x[j] * id);
     float sqx = 0.0f, sq2 = 0.0f;
     for (int j = 0; j < 32; ++j) {
-      const float q = static_cast<float>(iq4nl_value(iq4nl_index(x[j] * id)));
+      const float q = static_cast<float>(iq4nl_value(code[j]));
       sqx += q * x[j];
       sq2 += q * q;
     }

@@ -120,6 +120,15 @@ constexpr int iq4nl_value(int i) {
   constexpr uint64_t lo = 0xF6EADDCFBFAD9881ull, hi = 0x7159453526190D01ull;
   return static_cast<int8_t>(static_cast<uint8_t>(((i < 8 ? lo : hi) >> (8 * (i & 7))) & 0xff));
 }
+// The iq4_nl encoder's scale search tries 2 kIq4NlTries + 1 scales
+// (kv_types.cpp). Measured on Qwen2.5-0.5B (K iq4_nls, V iq4_nl): 1 try KL
+// 0.0368, 5 tries 0.0343, 17 finer ones 0.0336 at four times the cost.
+inline constexpr int kIq4NlTries = 2;
+
+// The midpoint between values m and m + 1 (m in 0..14), exact in fp32.
+constexpr float iq4nl_midpoint(int m) {
+  return 0.5f * static_cast<float>(iq4nl_value(m) + iq4nl_value(m + 1));
+}
 static_assert(iq4nl_value(0) == -127 && iq4nl_value(7) == -10 && iq4nl_value(8) == 1 &&
               iq4nl_value(15) == 113);
 

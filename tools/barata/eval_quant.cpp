@@ -142,7 +142,7 @@ int run_eval_quant(EvalQuantArgs& a) {
 
   // A scheme: weights ("reference", a quantization type), optionally with a
   // KV cache type: "WEIGHTS+kv:K[/V]", or "kv:K[/V]" on the reference weights
-  // (V defaults to K's storage type: kv:q8_0h is K q8_0h, V q8_0).
+  // (V defaults to K's storage type: kv:q8_0s is K q8_0s, V q8_0).
   struct Scheme {
     std::string name, weights;
     DType type;
@@ -354,7 +354,7 @@ Command add_eval_quant(CLI::App& app) {
   sub->add_option("--schemes", a->schemes,
                   fmt::format("Comma-separated schemes; 'reference' is always first; a KV cache "
                               "row: kv:K[/V] (reference weights) or WEIGHTS+kv:K[/V], e.g. "
-                              "kv:q8_0h/q8_0 (default: {})",
+                              "kv:iq4_nls/iq4_nl (default: {})",
                               kDefaultSchemes));
   sub->add_option("-c,--ctx-size", a->n_ctx, "Perplexity chunk size (default 512)")
       ->check(CLI::Range(int64_t{8}, int64_t{1} << 20));

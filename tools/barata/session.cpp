@@ -97,9 +97,11 @@ void add_cache_type_options(CLI::App* sub, std::string& k, std::string& v) {
         },
         "", "TYPE");
   };
-  sub->add_option("--cache-type-k", k,
-                  "KV cache type of K (-ctk): " + kv_type_names(true) +
-                      " (default f16; the *h types rotate each head before quantizing)")
+  sub->add_option(
+         "--cache-type-k", k,
+         "KV cache type of K (-ctk): " + kv_type_names(true) +
+             " (default f16; *o subtract the keys' offset, *h also rotate each head, *s also "
+             "scale each channel by scales measured at load; docs/kv-cache.md)")
       ->check(member(true));
   sub->add_option("--cache-type-v", v,
                   "KV cache type of V (-ctv): " + kv_type_names(false) + " (default f16)")
