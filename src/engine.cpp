@@ -25,8 +25,10 @@ Engine::Engine(const Model& model, EngineOptions opts, std::unique_ptr<Backend> 
     fail("a context of {} positions is more than {} (positions are 32-bit)", n_ctx_,
          std::numeric_limits<int32_t>::max());
   backend_ = std::move(backend);
-  if (kv_type_info(kv_layout_.k_type).scaled)  // kv_calibrate.h
-    backend_->set_key_scales(calibrate_key_scales(model_, n_ctx_, opts.n_threads));
+  if (kv_type_info(kv_layout_.k_type).scaled) {  // kv_calibrate.h
+    std::vector<float> scales = calibrate_key_scales(model_, n_ctx_, opts.n_threads, &backend_);
+    backend_->set_key_scales(std::move(scales));
+  }
   backend_->prepare(model_, kv_layout_, blocks_.max_blocks(), n_ctx_);
   program_ = StepProgram::record(model_);
   backend_->set_program(&program_);

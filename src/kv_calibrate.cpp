@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -72,7 +73,8 @@ std::vector<int32_t> calibration_tokens(const Model& model) {
 
 }  // namespace
 
-std::vector<float> calibrate_key_scales(const Model& model, int64_t n_ctx, int n_threads) {
+std::vector<float> calibrate_key_scales(const Model& model, int64_t n_ctx, int n_threads,
+                                        std::unique_ptr<Backend>* lend) {
   const auto t0 = std::chrono::steady_clock::now();
   const ModelConfig& c = model.config();
   const int64_t hd = c.head_dim, kv_dim = c.n_head_kv * hd, q_dim = c.n_head * hd;
@@ -89,8 +91,14 @@ std::vector<float> calibrate_key_scales(const Model& model, int64_t n_ctx, int n
     o.n_ctx = static_cast<int64_t>(ids.size());
     o.device = DeviceKind::kCpu;
     o.swa_full = true;
-    Engine e(model, o);
-    e.backend().set_qk_observer([&](int64_t layer, const float* q, const float* k, int64_t rows) {
+    const bool borrow = lend != nullptr && *lend && (*lend)->kind() == DeviceKind::kCpu;
+    std::optional<Engine> e;
+    if (borrow) {
+      e.emplace(model, o, std::move(*lend));
+    } else {
+      e.emplace(model, o);
+    }
+    e->backend().set_qk_observer([&](int64_t layer, const float* q, const float* k, int64_t rows) {
       const size_t base = static_cast<size_t>(layer * kv_dim);
       for (int64_t t = 0; t < rows; ++t) {
         for (int64_t i = 0; i < kv_dim; ++i) {
@@ -106,7 +114,9 @@ std::vector<float> calibrate_key_scales(const Model& model, int64_t n_ctx, int n
       qn[static_cast<size_t>(layer)] += rows * group;
     });
     std::vector<float> logits(static_cast<size_t>(c.n_vocab));
-    e.prefill(e.new_sequence(), ids, logits.data());
+    e->prefill(e->new_sequence(), ids, logits.data());
+    e->backend().set_qk_observer(nullptr);
+    if (borrow) *lend = e->release_backend();
   }
 
   std::vector<float> scales(n, 1.0f);

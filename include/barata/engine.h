@@ -50,6 +50,9 @@ class Engine {
   int64_t n_ctx() const { return n_ctx_; }
   int n_threads() const;
   Backend& backend() { return *backend_; }
+  // Hands the backend back (the engine is unusable afterwards): the key
+  // scales' calibration lends the engine's CPU backend to a first engine.
+  std::unique_ptr<Backend> release_backend() { return std::move(backend_); }
   const KvBlockManager& blocks() const { return blocks_; }
   KvBlockManager& blocks() { return blocks_; }  // prefix caching, the scheduler
   int64_t kv_bytes_per_token() const { return kv_layout_.bytes_per_token(); }

@@ -18,9 +18,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <vector>
 
+#include "barata/backend.h"
 #include "barata/kv_cache.h"
 #include "barata/model.h"
 
@@ -35,8 +37,12 @@ std::string_view kv_calibration_text();
 // without one gets a fixed pseudo-random token sequence) and returns the
 // scales, n_layer x kv_dim positive floats. The keys are measured after RoPE
 // less key_offsets(model, n_ctx), as the cache stores them. n_threads as in
-// EngineOptions.
-std::vector<float> calibrate_key_scales(const Model& model, int64_t n_ctx, int n_threads);
+// EngineOptions. A CPU backend in *lend (not yet prepared, no key scales)
+// is used and handed back with the weights bound, so that the engine it is
+// for does not bind and repack them a second time; otherwise a CPU backend
+// of its own is made (the CUDA engine's calibration runs on the host).
+std::vector<float> calibrate_key_scales(const Model& model, int64_t n_ctx, int n_threads,
+                                        std::unique_ptr<Backend>* lend = nullptr);
 
 // Throws barata::Error unless `scales` suits a cache of layout kv: empty
 // unless the K type is scaled, then n_layer x kv_dim finite positive floats.

@@ -84,8 +84,22 @@ class CpuBackend final : public Backend {
   int n_threads() const override { return pool_->size(); }
 
   void prepare(const Model& model, const KvLayout& kv, int64_t n_blocks, int64_t n_ctx) override {
-    model_ = &model;
     n_ctx_ = n_ctx;
+    rope_cos_.clear();  // their angles depend on n_ctx (Phi-3's factors, YaRN)
+    rope_sin_.clear();
+    swa_cos_.clear();
+    swa_sin_.clear();
+    // Prepared again for the same model (after the key scales' calibration,
+    // kv_calibrate.h): the weights stay bound and repacked; the cache is new.
+    if (model_ != &model || views_.empty()) bind_weights(model);
+    pool_kv_ = std::make_unique<HostKvPool>(kv, n_blocks);
+    key_off_.clear();
+    if (kv_type_info(kv.k_type).offset) key_off_ = key_offsets(model, n_ctx);
+    check_key_scales(model.config(), kv, key_scale_);
+  }
+
+  void bind_weights(const Model& model) {
+    model_ = &model;
     vec_ = cpu_vector_ops(cpu_isa());
     views_.assign(static_cast<size_t>(model.n_matrices()), WeightView{});
     embed_row_ = dtype_traits(model.token_embd().type).dequantize_row;
@@ -110,10 +124,6 @@ class CpuBackend final : public Backend {
                    copies.size(), static_cast<double>(arena_.size()) / (1 << 20),
                    cpu_isa_name(isa));
     }
-    pool_kv_ = std::make_unique<HostKvPool>(kv, n_blocks);
-    key_off_.clear();
-    if (kv_type_info(kv.k_type).offset) key_off_ = key_offsets(model, n_ctx);
-    check_key_scales(model.config(), kv, key_scale_);
   }
 
   void set_qk_observer(QkObserver f) override { qk_observer_ = std::move(f); }
