@@ -54,9 +54,13 @@ DraftSetup make_drafter(const SpecArgs& a, Session& s, const SamplerOptions& sam
   }
   d.tok = std::make_unique<Tokenizer>(Tokenizer::from_gguf(d.model->file()));
   check_same_tokens(s.tok, s.model, *d.tok, *d.model);
-  d.engine = std::make_unique<Engine>(*d.model, EngineOptions{.n_threads = s.engine.n_threads(),
-                                                              .n_ctx = s.n_ctx,
-                                                              .device = s.engine.backend().kind()});
+  // The draft's cache takes the target's types (--cache-type-k / -v).
+  d.engine =
+      std::make_unique<Engine>(*d.model, EngineOptions{.n_threads = s.engine.n_threads(),
+                                                       .n_ctx = s.n_ctx,
+                                                       .device = s.engine.backend().kind(),
+                                                       .cache_k = s.engine.kv_layout().k_type,
+                                                       .cache_v = s.engine.kv_layout().v_type});
   d.drafter = std::make_unique<ModelDrafter>(*d.engine, mo, d.name);
   d.c_prior = static_cast<double>(d.model->weight_bytes()) /
               static_cast<double>(std::max<int64_t>(s.model.weight_bytes(), 1));
