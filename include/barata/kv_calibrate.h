@@ -8,7 +8,10 @@
 // multiplying the query's channel c by s_c leaves every score as it was and
 // moves range between the two; s_c = sqrt(max|k_c| / rms(q_c)) makes both
 // sides' channel c proportional to sqrt(max|k_c| rms(q_c)) (SmoothQuant's
-// alpha = 0.5, applied to the scores instead of a matmul). The scales are
+// alpha = 0.5, applied to the scores instead of a matmul). The two channels
+// of a RoPE pair that turns more than pi/4 over the context share a scale
+// (their statistics pooled), so that the scales hold at positions far past
+// the calibration text. The scales are
 // normalised per head (their geometric mean 1) and kept as they are:
 // rounding them to powers of two, which would make k / s and q s exact,
 // measured worse (Qwen2.5-0.5B, 4-bit K: PPL +6.5% -> +11%). Every backend
