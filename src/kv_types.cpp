@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <cstring>
 
 #include "barata/error.h"
@@ -247,6 +248,23 @@ void kv_dequantize_row(KvType t, const uint8_t* src, float* out, int64_t n) {
       return;
     default:
       fail("kv_dequantize_row: unknown cache type {}", static_cast<int>(t));
+  }
+}
+
+void kv_quantize_query(const float* x, int8_t* codes, float* d, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* xb = x + 32 * b;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int j = 0; j < 32; ++j) {
+      amax = std::max(amax, std::fabs(xb[j]));
+      finite = finite && std::isfinite(xb[j]);
+    }
+    const float id = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+    // A NaN or infinite query gives NaN scores, as the float dot would.
+    d[b] = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    for (int j = 0; j < 32; ++j)
+      codes[32 * b + j] = finite ? static_cast<int8_t>(std::nearbyint(xb[j] * id)) : int8_t{0};
   }
 }
 

@@ -149,13 +149,24 @@ TEST_P(CpuAttention, MatchesFloat64ReferenceOverAPagedCache) {
         for (int64_t h = 0; h < s.n_head; ++h) {
           const int64_t kvh = h / group, n = p0 + t + 1;
           const int64_t first = s.window > 0 ? std::max<int64_t>(0, n - s.window) : 0;
-          const float* qh = q.data() + t * q_dim + h * s.hd;
+          // Int keys (kv_int_keys) meet the query as its 8-bit codes times
+          // the block scales; their product with a key is exact in float64.
+          const float* qf = q.data() + t * q_dim + h * s.hd;
+          std::vector<double> qh(qf, qf + s.hd);
+          if (kv_int_keys(ty.k)) {
+            std::vector<int8_t> codes(static_cast<size_t>(s.hd));
+            std::vector<float> d(static_cast<size_t>(s.hd / 32));
+            kv_quantize_query(qf, codes.data(), d.data(), s.hd);
+            for (int64_t i = 0; i < s.hd; ++i)
+              qh[static_cast<size_t>(i)] = static_cast<double>(d[static_cast<size_t>(i / 32)]) *
+                                           codes[static_cast<size_t>(i)];
+          }
           std::vector<double> sc;
           double mx = -INFINITY;
           for (int64_t p = first; p < n; ++p) {
             const float* k = kvals[static_cast<size_t>(p)].data() + kvh * s.hd;
             double d = 0.0;
-            for (int64_t i = 0; i < s.hd; ++i) d += static_cast<double>(qh[i]) * k[i];
+            for (int64_t i = 0; i < s.hd; ++i) d += qh[static_cast<size_t>(i)] * k[i];
             sc.push_back(d * a.scale);
             mx = std::max(mx, sc.back());
           }

@@ -4,6 +4,7 @@
 // and the checks of head sizes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -175,6 +176,41 @@ TEST(KvTypes, Iq4NlRowsFitBetterThanQ4_0) {
   const double q4 = std::sqrt(err[0] / energy), nl = std::sqrt(err[1] / energy);
   EXPECT_LT(nl, 0.95 * q4) << "iq4_nl " << nl << ", q4_0 " << q4;
   EXPECT_LT(nl, 0.09);
+}
+
+// The CPU's int-key attention quantizes each query per block of 32: codes in
+// [-127, 127], the block's largest value at +-127, every value within half a
+// step of d * code; zeros give zeros, and a NaN gives a NaN scale (so NaN
+// scores) without an out-of-range code.
+TEST(KvTypes, QueriesQuantizeTo8BitsPerBlock) {
+  std::mt19937 rng(5);
+  std::vector<float> x = random_row(128, rng, 3.0f);
+  std::fill(x.begin() + 32, x.begin() + 64, 0.0f);
+  x[100] = NAN;
+  std::vector<int8_t> c(128);
+  std::vector<float> d(4);
+  kv_quantize_query(x.data(), c.data(), d.data(), 128);
+  for (int b : {0, 2}) {
+    float amax = 0;
+    int cmax = 0;
+    for (int j = 0; j < 32; ++j) {
+      const float v = x[static_cast<size_t>(32 * b + j)];
+      const int q = c[static_cast<size_t>(32 * b + j)];
+      amax = std::max(amax, std::fabs(v));
+      cmax = std::max(cmax, std::abs(q));
+      EXPECT_LE(std::fabs(v - d[static_cast<size_t>(b)] * static_cast<float>(q)),
+                0.5001f * d[static_cast<size_t>(b)]);
+    }
+    EXPECT_FLOAT_EQ(d[static_cast<size_t>(b)], amax / 127.0f);
+    EXPECT_EQ(cmax, 127);
+  }
+  EXPECT_EQ(d[1], 0.0f);
+  for (int j = 32; j < 64; ++j) EXPECT_EQ(c[static_cast<size_t>(j)], 0);
+  EXPECT_TRUE(std::isnan(d[3]));
+  for (int j = 96; j < 128; ++j) EXPECT_EQ(c[static_cast<size_t>(j)], 0);
+  EXPECT_TRUE(kv_int_keys(KvType::kQ8_0) && kv_int_keys(KvType::kQ4_0) &&
+              kv_int_keys(KvType::kIq4Nl));
+  EXPECT_FALSE(kv_int_keys(KvType::kF16) || kv_int_keys(KvType::kFp8));
 }
 
 TEST(KvTypes, HadamardIsItsOwnInverseTimesN) {

@@ -107,6 +107,21 @@ void check_kv_type(KvType t, int64_t head_dim, const char* what);
 void kv_quantize_row(KvType t, const float* x, uint8_t* dst, int64_t n);
 void kv_dequantize_row(KvType t, const uint8_t* src, float* out, int64_t n);
 
+// Whether the CPU's attention reads keys of storage type t as int8 codes:
+// q8_0, q4_0 and iq4_nl (blocks of 32 codes times an fp16 scale d_k). Their
+// scores are integer dots with the query quantized to 8 bits per block of
+// 32 (kv_quantize_query), as llama.cpp's CPU dots do:
+//   q.k = sum over blocks b of d_k[b] * d_q[b] * (sum of code_q * code_k),
+// the integer sums exact (vpdpbusd, pmaddubsw or int32), so every ISA gives
+// the same sums. fp8 and f16 keys are read as floats.
+inline bool kv_int_keys(KvType storage) {
+  return storage == KvType::kQ8_0 || storage == KvType::kQ4_0 || storage == KvType::kIq4Nl;
+}
+// A query (n values, a multiple of 32) to int8 codes per block of 32:
+// d = amax / 127, code = nearbyint(x * (127 / amax)) in [-127, 127] (all 0
+// and d = 0 for a block of zeros). d[n / 32] are floats, not fp16.
+void kv_quantize_query(const float* x, int8_t* codes, float* d, int64_t n);
+
 // In-place unnormalised Walsh-Hadamard transform of n values (n a power of
 // two): x <- H x, the butterflies in the order the backends use (stride 1,
 // 2, 4, ...), so every backend rounds the same way.

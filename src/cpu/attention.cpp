@@ -33,7 +33,9 @@
 namespace barata::BARATA_ISA_NS {
 namespace {
 
-constexpr int64_t kTile = 16;  // keys per tile: one KV cache block
+constexpr int64_t kTile = 16;         // keys per tile: one KV cache block
+constexpr int kIntKeys = 8;           // int-key scores: keys per pass (accumulators in registers)
+constexpr int64_t kMaxIntHead = 512;  // the largest head that takes int keys
 
 #if defined(__AVX512F__)
 constexpr int W = 16;
@@ -454,6 +456,129 @@ inline void scores4(const float* qt, int64_t qs, int64_t nqv, const float* kf, i
   }
 }
 
+// Keys as int8 codes (kv_int_keys): the AVX-512 copy multiplies with
+// vpdpbusd, unsigned keys times signed queries, so it stores a code c as the
+// byte c + 128 (c ^ 0x80) and starts each block's sum at -128 * (the query's
+// code sum); the AVX2 copy multiplies |k| by sign(k) q with pmaddubsw (pairs
+// of |127 * 127| fit its int16 sums) and the scalar one in int32: the same
+// exact sums.
+#if defined(__AVX512F__)
+constexpr uint8_t kKeyBias = 0x80;
+#else
+constexpr uint8_t kKeyBias = 0;
+#endif
+
+// One head's key row (hd values of int-key type t) to its codes, biased, and
+// its block scales.
+inline void load_codes(KvType t, const uint8_t* src, uint8_t* kc, float* kd, int64_t hd) {
+  const int64_t bb = t == KvType::kQ8_0 ? 34 : 18;
+  for (int64_t b = 0; b < hd / 32; ++b) {
+    const uint8_t* blk = src + bb * b;
+    kd[b] = load_half(blk);
+    const uint8_t* q = blk + 2;
+    uint8_t* o = kc + 32 * b;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    const __m128i bias = _mm_set1_epi8(static_cast<char>(kKeyBias));
+    if (t == KvType::kQ8_0) {
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o),
+                          _mm256_xor_si256(c, _mm256_set1_epi8(static_cast<char>(kKeyBias))));
+      continue;
+    }
+    const __m128i grid =
+        t == KvType::kQ4_0
+            ? _mm_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
+            : _mm_setr_epi8(static_cast<char>(iq4nl_value(0)), static_cast<char>(iq4nl_value(1)),
+                            static_cast<char>(iq4nl_value(2)), static_cast<char>(iq4nl_value(3)),
+                            static_cast<char>(iq4nl_value(4)), static_cast<char>(iq4nl_value(5)),
+                            static_cast<char>(iq4nl_value(6)), static_cast<char>(iq4nl_value(7)),
+                            static_cast<char>(iq4nl_value(8)), static_cast<char>(iq4nl_value(9)),
+                            static_cast<char>(iq4nl_value(10)), static_cast<char>(iq4nl_value(11)),
+                            static_cast<char>(iq4nl_value(12)), static_cast<char>(iq4nl_value(13)),
+                            static_cast<char>(iq4nl_value(14)), static_cast<char>(iq4nl_value(15)));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    const __m128i m = _mm_set1_epi8(15);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o),
+                     _mm_xor_si128(_mm_shuffle_epi8(grid, _mm_and_si128(c, m)), bias));
+    _mm_storeu_si128(
+        reinterpret_cast<__m128i*>(o + 16),
+        _mm_xor_si128(_mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(c, 4), m)), bias));
+#else
+    for (int j = 0; j < 32; ++j) {
+      int v;
+      if (t == KvType::kQ8_0)
+        v = static_cast<int8_t>(q[j]);
+      else {
+        const int n = j < 16 ? q[j] & 15 : q[j - 16] >> 4;
+        v = t == KvType::kQ4_0 ? n - 8 : iq4nl_value(n);
+      }
+      o[j] = static_cast<uint8_t>(static_cast<uint8_t>(v) ^ kKeyBias);
+    }
+#endif
+  }
+}
+
+inline int32_t load4(const uint8_t* p) {
+  int32_t w;
+  std::memcpy(&w, p, 4);
+  return w;
+}
+
+// The scores of kK keys (codes kc, scales kd) against the queries of vector
+// v: qi[hd / 4][qs][4] codes, qd[nb][qs] scales, qc[nb][qs] the sums' start.
+// Per key and lane: f = 0; per block b, f = fma(float(isum_b) * d_q, d_k, f);
+// then s = f * scale.
+template <int kK>
+inline void scores_int(const int8_t* qi, const float* qd, const int32_t* qc, int64_t qs, int64_t v,
+                       const uint8_t* kc, const float* kd, int64_t hd, float* s, float scale) {
+  const int64_t nb = hd / 32;
+  V f[kK];
+  for (int j = 0; j < kK; ++j) f[j] = vzero();
+  for (int64_t b = 0; b < nb; ++b) {
+#if defined(__AVX512F__)
+    __m512i acc[kK];
+    const __m512i start = _mm512_loadu_si512(qc + b * qs + v * W);
+    for (int j = 0; j < kK; ++j) acc[j] = start;
+    for (int64_t g = 0; g < 8; ++g) {
+      const __m512i x = _mm512_loadu_si512(qi + ((b * 8 + g) * qs + v * W) * 4);
+      for (int j = 0; j < kK; ++j)
+        acc[j] =
+            _mm512_dpbusd_epi32(acc[j], _mm512_set1_epi32(load4(kc + j * hd + b * 32 + 4 * g)), x);
+    }
+    const V dq = vload(qd + b * qs + v * W);
+    for (int j = 0; j < kK; ++j)
+      f[j] = vfma(vmul(_mm512_cvtepi32_ps(acc[j]), dq), vset1(kd[j * nb + b]), f[j]);
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    __m256i acc[kK];
+    const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qc + b * qs + v * W));
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int j = 0; j < kK; ++j) acc[j] = start;
+    for (int64_t g = 0; g < 8; ++g) {
+      const __m256i x =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + ((b * 8 + g) * qs + v * W) * 4));
+      for (int j = 0; j < kK; ++j) {
+        const __m256i k = _mm256_set1_epi32(load4(kc + j * hd + b * 32 + 4 * g));
+        const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(k), _mm256_sign_epi8(x, k));
+        acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(p, ones));
+      }
+    }
+    const V dq = vload(qd + b * qs + v * W);
+    for (int j = 0; j < kK; ++j)
+      f[j] = vfma(vmul(_mm256_cvtepi32_ps(acc[j]), dq), vset1(kd[j * nb + b]), f[j]);
+#else
+    for (int j = 0; j < kK; ++j) {
+      int32_t acc = qc[b * qs + v];
+      for (int64_t e = 0; e < 32; ++e)
+        acc += static_cast<int32_t>(qi[((b * 8 + e / 4) * qs + v) * 4 + e % 4]) *
+               static_cast<int8_t>(kc[j * hd + b * 32 + e] ^ kKeyBias);
+      f[j] = vfma(vmul(static_cast<float>(acc), qd[b * qs + v]), kd[j * nb + b], f[j]);
+    }
+#endif
+  }
+  const V sc = vset1(scale);
+  for (int j = 0; j < kK; ++j) vstore(s + j * qs + v * W, vmul(f[j], sc));
+}
+
 // The block's values into the transposed output, queries in the lanes of
 // query vector v: ot[d] = ot[d] * alpha + sum over keys j < jn of p_j * v_j[d],
 // per lane in key order. A key outside a lane's range has p_j = 0 there and
@@ -499,8 +624,49 @@ void attend(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1, int
   float* first = alpha + qs;  // per-lane first key and key count, as floats
   float* count = first + qs;
 
+  // Int keys: qi[hd / 4][qs][4] query codes | qc[nb][qs] sum starts (int32)
+  // | kc[kTile][hd] key codes (bytes), and qd[nb][qs] | kd[kTile][nb] (floats).
+  const bool ik = kv_int_keys(a.k_type) && hd <= kMaxIntHead;
+  const int64_t nb = hd / 32;
+  thread_local Scratch<int32_t> iscratch;
+  thread_local Scratch<float> fscratch;
+  int8_t* qi = nullptr;
+  int32_t* qc = nullptr;
+  uint8_t* kc = nullptr;
+  float* qd = nullptr;
+  float* kd = nullptr;
+  int8_t qcodes[kMaxIntHead];
+  float qdb[kMaxIntHead / 32];
+  if (ik) {
+    int32_t* ib = iscratch.get(static_cast<size_t>(hd * qs / 4 + nb * qs + kTile * hd / 4));
+    qi = reinterpret_cast<int8_t*>(ib);
+    qc = ib + hd * qs / 4;
+    kc = reinterpret_cast<uint8_t*>(qc + nb * qs);
+    qd = fscratch.get(static_cast<size_t>(nb * qs + kTile * nb));
+    kd = qd + nb * qs;
+  }
+
   int64_t kmin = std::numeric_limits<int64_t>::max(), kmax = 0;
   for (int64_t i = 0; i < qs; ++i) {
+    if (ik) {
+      if (i < nq) {
+        const int64_t t = t0 + i / G, h = kvh * G + i % G;
+        kv_quantize_query(a.q + t * a.q_dim + h * hd, qcodes, qdb, hd);
+      } else {
+        std::fill(qcodes, qcodes + hd, int8_t{0});
+        std::fill(qdb, qdb + nb, 0.0f);
+      }
+      for (int64_t b = 0; b < nb; ++b) {
+        int32_t sum = 0;
+        for (int64_t e = 0; e < 32; ++e) {
+          const int64_t d = 32 * b + e;
+          qi[((d / 4) * qs + i) * 4 + d % 4] = qcodes[d];
+          sum += qcodes[d];
+        }
+        qc[b * qs + i] = -static_cast<int32_t>(kKeyBias) * sum;
+        qd[b * qs + i] = qdb[b];
+      }
+    }
     if (i < nq) {
       const int64_t t = t0 + i / G, h = kvh * G + i % G;
       const float* q = a.q + t * a.q_dim + h * hd;
@@ -527,14 +693,30 @@ void attend(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1, int
     const uint8_t* kb = blk + a.k_off + kvh * k_head;
     const uint8_t* vb = blk + a.v_off + kvh * v_head;
     const int64_t jn = std::min(kTile, kmax - b0);  // rows of this block that hold keys
-    for (int64_t j = 0; j < jn; ++j) {
-      load_row(a.k_type, kb + j * a.k_row, kf + j * hd, hd);
-      load_row(a.v_type, vb + j * a.v_row, vf + j * hd, hd);
+    if (ik) {
+      for (int64_t j = 0; j < jn; ++j) {
+        load_codes(a.k_type, kb + j * a.k_row, kc + j * hd, kd + j * nb, hd);
+        load_row(a.v_type, vb + j * a.v_row, vf + j * hd, hd);
+      }
+      for (int64_t j = jn; j < kTile; ++j) {
+        std::fill(kc + j * hd, kc + (j + 1) * hd, kKeyBias);  // code 0
+        std::fill(kd + j * nb, kd + (j + 1) * nb, 0.0f);
+        std::fill(vf + j * hd, vf + (j + 1) * hd, 0.0f);
+      }
+      for (int64_t v = 0; v < nqv; ++v)
+        for (int64_t j = 0; j < kTile; j += kIntKeys)
+          scores_int<kIntKeys>(qi, qd, qc, qs, v, kc + j * hd, kd + j * nb, hd, s + j * qs,
+                               a.scale);
+    } else {
+      for (int64_t j = 0; j < jn; ++j) {
+        load_row(a.k_type, kb + j * a.k_row, kf + j * hd, hd);
+        load_row(a.v_type, vb + j * a.v_row, vf + j * hd, hd);
+      }
+      for (int64_t j = jn; j < kTile; ++j)
+        for (int64_t d = 0; d < hd; ++d) kf[j * hd + d] = vf[j * hd + d] = 0.0f;
+      for (int64_t j = 0; j < kTile; j += 4)
+        scores4(qt, qs, nqv, kf + j * hd, hd, s + j * qs, a.scale);
     }
-    for (int64_t j = jn; j < kTile; ++j)
-      for (int64_t d = 0; d < hd; ++d) kf[j * hd + d] = vf[j * hd + d] = 0.0f;
-    for (int64_t j = 0; j < kTile; j += 4)
-      scores4(qt, qs, nqv, kf + j * hd, hd, s + j * qs, a.scale);
 
     // The online softmax, per lane: keys j of this tile are valid for a lane
     // when first <= b0 + j < count.
