@@ -222,6 +222,36 @@ __device__ __forceinline__ void zero_kv_tiles(Smem<kMaxHd>& sm) {
     sm.k[i] = sm.v[i] = 0.0f;
 }
 
+// Int keys (kv_types.h, kv_int_keys: q8_0, q4_0, iq4_nl): the CPU's
+// attention meets them with the query rounded to 8 bits per block of 32
+// (kv_quantize_query), so the device rounds its queries in shared memory the
+// same way, to d * code, and its float dot then computes the same scores up
+// to the order of the sums. One warp per block of 32, a value per lane;
+// items [0, n_items) of the CTA, the others never read.
+template <int kMaxHd>
+__device__ __forceinline__ void round_queries(Smem<kMaxHd>& sm, int n_items, int hd) {
+  __syncthreads();
+  const int n_warps = static_cast<int>(blockDim.x) / 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int nb = hd / 32;
+  for (int w = warp; w < n_items * nb; w += n_warps) {
+    float* x = sm.q + (w / nb) * kMaxHd + 32 * (w % nb);
+    const float v = x[lane];
+    float amax = fabsf(v);
+    int finite = isfinite(v) ? 1 : 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      finite &= __shfl_xor_sync(0xffffffffu, finite, o);
+    }
+    const float id = finite && amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+    const float d = finite ? __fdiv_rn(amax, 127.0f) : NAN;
+    const float code = finite ? rintf(__fmul_rn(v, id)) : 0.0f;
+    x[lane] = __fmul_rn(d, code);
+  }
+  __syncthreads();
+}
+
 template <int kMaxHd>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_prefill_kernel(const float* __restrict__ q, float* __restrict__ out,
@@ -249,6 +279,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int h = kvh * group + g / tile.n_rows;
     sm.q[it * kMaxHd + d] = q[row * q_dim + static_cast<int64_t>(h) * hd + d];
   }
+  if (kv_int_keys(kv.k_type))
+    round_queries(sm, n_items - g0 < per_cta ? n_items - g0 : per_cta, hd);
   zero_kv_tiles(sm);
 
   int last = -1;            // the largest position among the CTA's items
@@ -348,6 +380,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int it = i / hd;
     if (hl0 + it < group) sm.q[it * kMaxHd + (i - it * hd)] = qrow[i];
   }
+  if (kv_int_keys(kv.k_type)) round_queries(sm, group - hl0 < per_cta ? group - hl0 : per_cta, hd);
   zero_kv_tiles(sm);
 
   bool active[kIpw];

@@ -125,6 +125,7 @@ class Cache {
     m.seq = seq;
     return m;
   }
+  KvType k_type() const { return kt_; }
 
  private:
   static constexpr int kLayers = 2, kLayer = 1;
@@ -149,13 +150,23 @@ std::vector<double> reference(const Cache& c, const Shape& s, const std::vector<
     const int n = rows[r].pos + 1;
     for (int h = 0; h < s.n_head; ++h) {
       const int kvh = h / group;
-      const float* qh = q.data() + r * q_dim + static_cast<size_t>(h) * hd;
+      // Int keys meet the query rounded to 8 bits per block (kv_int_keys).
+      const float* qf = q.data() + r * q_dim + static_cast<size_t>(h) * hd;
+      std::vector<double> qh(qf, qf + hd);
+      if (kv_int_keys(c.k_type())) {
+        std::vector<int8_t> codes(static_cast<size_t>(hd));
+        std::vector<float> db(static_cast<size_t>(hd / 32));
+        kv_quantize_query(qf, codes.data(), db.data(), hd);
+        for (int d = 0; d < hd; ++d)
+          qh[static_cast<size_t>(d)] = static_cast<double>(
+              db[static_cast<size_t>(d / 32)] * static_cast<float>(codes[static_cast<size_t>(d)]));
+      }
       std::vector<double> sc(static_cast<size_t>(n));
       double mx = -INFINITY;
       for (int j = 0; j < n; ++j) {
         double dot = 0;
         for (int d = 0; d < hd; ++d)
-          dot += static_cast<double>(qh[d]) * c.at(rows[r].seq, j, 0, kvh, d);
+          dot += qh[static_cast<size_t>(d)] * c.at(rows[r].seq, j, 0, kvh, d);
         sc[static_cast<size_t>(j)] = dot * static_cast<double>(scale);
         mx = std::max(mx, sc[static_cast<size_t>(j)]);
       }

@@ -113,8 +113,9 @@ void kv_dequantize_row(KvType t, const uint8_t* src, float* out, int64_t n);
 // 32 (kv_quantize_query), as llama.cpp's CPU dots do:
 //   q.k = sum over blocks b of d_k[b] * d_q[b] * (sum of code_q * code_k),
 // the integer sums exact (vpdpbusd, pmaddubsw or int32), so every ISA gives
-// the same sums. fp8 and f16 keys are read as floats.
-inline bool kv_int_keys(KvType storage) {
+// the same sums. fp8 and f16 keys are read as floats. The CUDA attention
+// rounds its queries the same way (kernels/attention.cu).
+constexpr bool kv_int_keys(KvType storage) {
   return storage == KvType::kQ8_0 || storage == KvType::kQ4_0 || storage == KvType::kIq4Nl;
 }
 // A query (n values, a multiple of 32) to int8 codes per block of 32:
