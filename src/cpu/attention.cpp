@@ -456,13 +456,13 @@ inline void scores4(const float* qt, int64_t qs, int64_t nqv, const float* kf, i
   }
 }
 
-// Keys as int8 codes (kv_int_keys): the AVX-512 copy multiplies with
-// vpdpbusd, unsigned keys times signed queries, so it stores a code c as the
+// Keys as int8 codes (kv_int_keys): the AVX-512 and avxvnni copies multiply
+// with vpdpbusd, unsigned keys times signed queries, so it stores a code c as the
 // byte c + 128 (c ^ 0x80) and starts each block's sum at -128 * (the query's
 // code sum); the AVX2 copy multiplies |k| by sign(k) q with pmaddubsw (pairs
 // of |127 * 127| fit its int16 sums) and the scalar one in int32: the same
 // exact sums.
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVXVNNI__)
 constexpr uint8_t kKeyBias = 0x80;
 #else
 constexpr uint8_t kKeyBias = 0;
@@ -548,6 +548,20 @@ inline void scores_int(const int8_t* qi, const float* qd, const int32_t* qc, int
     const V dq = vload(qd + b * qs + v * W);
     for (int j = 0; j < kK; ++j)
       f[j] = vfma(vmul(_mm512_cvtepi32_ps(acc[j]), dq), vset1(kd[j * nb + b]), f[j]);
+#elif defined(__AVXVNNI__)
+    __m256i acc[kK];
+    const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qc + b * qs + v * W));
+    for (int j = 0; j < kK; ++j) acc[j] = start;
+    for (int64_t g = 0; g < 8; ++g) {
+      const __m256i x =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + ((b * 8 + g) * qs + v * W) * 4));
+      for (int j = 0; j < kK; ++j)
+        acc[j] = _mm256_dpbusd_avx_epi32(acc[j],
+                                         _mm256_set1_epi32(load4(kc + j * hd + b * 32 + 4 * g)), x);
+    }
+    const V dq = vload(qd + b * qs + v * W);
+    for (int j = 0; j < kK; ++j)
+      f[j] = vfma(vmul(_mm256_cvtepi32_ps(acc[j]), dq), vset1(kd[j * nb + b]), f[j]);
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     __m256i acc[kK];
     const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qc + b * qs + v * W));

@@ -479,11 +479,13 @@ const MatmulKernel kR8Kernels[] = {
 const size_t kR8KernelCount = sizeof kR8Kernels / sizeof kR8Kernels[0];
 
 #if defined(__AVXVNNI__)
-// The avxvnni copy is this file alone: its kernel set is the 8-row kernels and
-// the activation quantizer; everything else falls through to the avx2 copy.
+// The avxvnni copy is this file and attention.cpp: its kernel set is the
+// 8-row kernels, the activation quantizer and the attention (int keys by
+// vpdpbusd); everything else falls through to the avx2 copy.
 const CpuKernelSet& kernel_set() {
-  static const CpuKernelSet set{"avxvnni", kR8Kernels, kR8KernelCount, nullptr,
-                                quantize_row_q8_avx2};
+  static const CpuKernelSet set{
+      "avxvnni",        kR8Kernels,  kR8KernelCount, nullptr, quantize_row_q8_avx2,
+      attend_supported, attend_tile, swiglu,         geglu};
   return set;
 }
 #endif
