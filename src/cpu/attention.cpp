@@ -267,6 +267,20 @@ inline void store8(float* o, __m256i q, float d) {
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// IQ4_NL's grid as 16 bytes: pshufb looks 16 codes up at once.
+inline __m128i iq4nl_grid() {
+  return _mm_setr_epi8(static_cast<char>(iq4nl_value(0)), static_cast<char>(iq4nl_value(1)),
+                       static_cast<char>(iq4nl_value(2)), static_cast<char>(iq4nl_value(3)),
+                       static_cast<char>(iq4nl_value(4)), static_cast<char>(iq4nl_value(5)),
+                       static_cast<char>(iq4nl_value(6)), static_cast<char>(iq4nl_value(7)),
+                       static_cast<char>(iq4nl_value(8)), static_cast<char>(iq4nl_value(9)),
+                       static_cast<char>(iq4nl_value(10)), static_cast<char>(iq4nl_value(11)),
+                       static_cast<char>(iq4nl_value(12)), static_cast<char>(iq4nl_value(13)),
+                       static_cast<char>(iq4nl_value(14)), static_cast<char>(iq4nl_value(15)));
+}
+#endif
+
 inline void load_row(KvType t, const uint8_t* src, float* out, int64_t hd) {
   switch (t) {
     case KvType::kQ8_0:
@@ -326,16 +340,7 @@ inline void load_row(KvType t, const uint8_t* src, float* out, int64_t hd) {
         const uint8_t* q = blk + 2;
         float* o = out + 32 * b;
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-        // The grid as 16 bytes; pshufb looks every code up at once.
-        const __m128i grid =
-            _mm_setr_epi8(static_cast<char>(iq4nl_value(0)), static_cast<char>(iq4nl_value(1)),
-                          static_cast<char>(iq4nl_value(2)), static_cast<char>(iq4nl_value(3)),
-                          static_cast<char>(iq4nl_value(4)), static_cast<char>(iq4nl_value(5)),
-                          static_cast<char>(iq4nl_value(6)), static_cast<char>(iq4nl_value(7)),
-                          static_cast<char>(iq4nl_value(8)), static_cast<char>(iq4nl_value(9)),
-                          static_cast<char>(iq4nl_value(10)), static_cast<char>(iq4nl_value(11)),
-                          static_cast<char>(iq4nl_value(12)), static_cast<char>(iq4nl_value(13)),
-                          static_cast<char>(iq4nl_value(14)), static_cast<char>(iq4nl_value(15)));
+        const __m128i grid = iq4nl_grid();
         const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
         const __m128i m = _mm_set1_epi8(15);
         const __m128i lo = _mm_shuffle_epi8(grid, _mm_and_si128(c, m));
@@ -485,17 +490,9 @@ inline void load_codes(KvType t, const uint8_t* src, uint8_t* kc, float* kd, int
                           _mm256_xor_si256(c, _mm256_set1_epi8(static_cast<char>(kKeyBias))));
       continue;
     }
-    const __m128i grid =
-        t == KvType::kQ4_0
-            ? _mm_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
-            : _mm_setr_epi8(static_cast<char>(iq4nl_value(0)), static_cast<char>(iq4nl_value(1)),
-                            static_cast<char>(iq4nl_value(2)), static_cast<char>(iq4nl_value(3)),
-                            static_cast<char>(iq4nl_value(4)), static_cast<char>(iq4nl_value(5)),
-                            static_cast<char>(iq4nl_value(6)), static_cast<char>(iq4nl_value(7)),
-                            static_cast<char>(iq4nl_value(8)), static_cast<char>(iq4nl_value(9)),
-                            static_cast<char>(iq4nl_value(10)), static_cast<char>(iq4nl_value(11)),
-                            static_cast<char>(iq4nl_value(12)), static_cast<char>(iq4nl_value(13)),
-                            static_cast<char>(iq4nl_value(14)), static_cast<char>(iq4nl_value(15)));
+    const __m128i grid = t == KvType::kQ4_0
+                             ? _mm_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
+                             : iq4nl_grid();
     const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
     const __m128i m = _mm_set1_epi8(15);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(o),
