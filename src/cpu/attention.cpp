@@ -681,7 +681,8 @@ void attend(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1, int
     if (i < nq) {
       const int64_t t = t0 + i / G, h = kvh * G + i % G;
       const float* q = a.q + t * a.q_dim + h * hd;
-      for (int64_t d = 0; d < hd; ++d) qt[d * qs + i] = q[d];
+      if (!ik)  // int keys read the codes in qi instead
+        for (int64_t d = 0; d < hd; ++d) qt[d * qs + i] = q[d];
       const int64_t n = static_cast<int64_t>(a.rows[t].pos) + 1;
       const int64_t f = a.window > 0 ? std::max<int64_t>(0, n - a.window) : 0;
       first[i] = static_cast<float>(f);
@@ -689,7 +690,8 @@ void attend(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1, int
       kmin = std::min(kmin, f);
       kmax = std::max(kmax, n);
     } else {
-      for (int64_t d = 0; d < hd; ++d) qt[d * qs + i] = 0.0f;
+      if (!ik)
+        for (int64_t d = 0; d < hd; ++d) qt[d * qs + i] = 0.0f;
       first[i] = 0.0f;
       count[i] = 0.0f;  // no key is ever valid for a padding lane
     }
