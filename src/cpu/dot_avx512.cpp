@@ -253,13 +253,17 @@ inline __m512i bcast4(const int8_t* q) {
   return _mm512_set1_epi32(static_cast<int>(read_u32(q)));
 }
 
-// T tokens against one group of 16 rows; out[t * ldy + r] for r < n_valid.
 // One block of 32 weights of 16 interleaved rows against one token: the exact
-// integer dot (two chains of four vpdpbusd), then
-// acc = fma(dot, dv * d_x, acc); acc = fma(mv, s_x, acc).
+// integer dot (two chains of four vpdpbusd, the first starting from -o * sum(q)
+// for the constant-offset types), then acc = fma(dot, dv * d_x, acc), and for
+// Q4_1 acc = fma(m, s_x, acc) (r16_layout.h).
+template <RKind K>
 inline __m512 block_step(const __m512i u[8], __m512 dv, __m512 mv, const BlockQ8Act& xb,
                          __m512 acc) {
-  __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], bcast4(xb.q));
+  using L = RLayout<K>;
+  __m512i i0 = _mm512_dpbusd_epi32(
+      L::kMin ? _mm512_setzero_si512() : _mm512_set1_epi32(-L::kOffset * xb.sum), u[0],
+      bcast4(xb.q));
   __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], bcast4(xb.q + 4));
   i0 = _mm512_dpbusd_epi32(i0, u[2], bcast4(xb.q + 8));
   i1 = _mm512_dpbusd_epi32(i1, u[3], bcast4(xb.q + 12));
@@ -269,7 +273,8 @@ inline __m512 block_step(const __m512i u[8], __m512 dv, __m512 mv, const BlockQ8
   i1 = _mm512_dpbusd_epi32(i1, u[7], bcast4(xb.q + 28));
   const __m512 p = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
   acc = _mm512_fmadd_ps(p, _mm512_mul_ps(dv, _mm512_set1_ps(xb.d)), acc);
-  return _mm512_fmadd_ps(mv, _mm512_set1_ps(xb.s), acc);
+  if constexpr (L::kMin) acc = _mm512_fmadd_ps(mv, _mm512_set1_ps(xb.s), acc);
+  return acc;
 }
 
 // Software prefetch (simd::AheadPrefetch, simd.h): the group's bytes
@@ -324,11 +329,10 @@ void r_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* o
       }
     }
     const __m512 dv = _mm512_cvtph_ps(load256(dsec + b * L::kD));
-    const __m512 mv = K == RKind::kNibMin ? _mm512_cvtph_ps(load256(msec + b * L::kM))
-                                          : _mm512_mul_ps(dv, _mm512_set1_ps(-L::kOffset));
+    const __m512 mv = L::kMin ? _mm512_cvtph_ps(load256(msec + b * L::kM)) : _mm512_setzero_ps();
     for (int t = 0; t < T; ++t) {
       const BlockQ8Act& xb = x[t][b];
-      acc[t] = block_step(u, dv, mv, xb, acc[t]);
+      acc[t] = block_step<K>(u, dv, mv, xb, acc[t]);
     }
   }
   const __mmask16 m = static_cast<__mmask16>((1u << n_valid) - 1);
@@ -458,7 +462,7 @@ void k_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* o
           _mm512_xor_ps(_mm512_mul_ps(scale(sp + 64 + 128 + 16 * sub, false), dminv), neg);
       for (int t = 0; t < T; ++t) {
         const BlockQ8Act& xb = x[t][b];
-        acc[t] = block_step(u, dv, mv, xb, acc[t]);
+        acc[t] = block_step<RKind::kNibMin>(u, dv, mv, xb, acc[t]);  // a float min, as Q4_1
       }
     }
   }
@@ -692,7 +696,8 @@ void quantize_row_q8_avx512(const float* x, BlockQ8Act* out, int64_t k) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].q), _mm512_cvtepi32_epi8(q0));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].q + 16), _mm512_cvtepi32_epi8(q1));
     out[b].d = d;
-    out[b].s = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+    out[b].sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    out[b].s = d * static_cast<float>(out[b].sum);
   }
 }
 

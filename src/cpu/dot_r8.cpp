@@ -7,16 +7,19 @@
 // weights of each row against 4 activation bytes broadcast: two int16 pair
 // sums per row), three int16 adds of those (within range: a pair sum is at
 // most 2 * 31 * 127 = 7874 for the 5-bit codes, so four of them fit), and two
-// vpmaddwd against ones that finish each row's sum in its own int32 lane.
+// vpmaddwd against ones that finish each row's sum in its own int32 lane,
+// started from -o * sum(q) (the type's constant offset o).
 // The float part is the layout's contract, operation for operation the
-// AVX-512 kernel's: acc = fma(float(dot), dv * d_x, acc); acc = fma(mv, s_x,
-// acc). So these kernels give the AVX-512 kernels' bits, and the one on the
-// file's rows (r_tile_rows, r16_layout.h) gives the repacked kernel's.
+// AVX-512 kernel's: acc = fma(float(dot), dv * d_x, acc) (and for Q4_1
+// acc = fma(m, s_x, acc)). So these kernels give the AVX-512 kernels' bits,
+// and the one on the file's rows (r_tile_rows, r16_layout.h) gives the
+// repacked kernel's.
 //
 // Types: Q4_0, Q4_1, Q5_0 and barata's int4 group-128 and per-tensor rows
-// (codes of at most 5 bits); IQ4_NL and Q8_0, whose codes are bytes up to
-// 255 (a pair sum would saturate vpmaddubsw), as two nibble dots,
-// 16 * dot(high) + dot(low), exact; and F32, F16, BF16 (below).
+// (codes of at most 5 bits); IQ4_NL and Q8_0, whose codes u = c + 128 are
+// bytes up to 255 (a pair sum would saturate vpmaddubsw), as the signed codes
+// c: vpmaddubsw of |c| against sign(c) * q, each to int32 on its own, exact;
+// and F32, F16, BF16 (below).
 #include <cstring>
 
 #include "barata/half.h"
@@ -114,6 +117,22 @@ inline __m256i block_dot(const __m256i u[8], const int8_t* q,
 #endif
 }
 
+#if !defined(BARATA_R8_VNNI)
+// Without VNNI, for byte codes: lane r = sum_j c[r][j] * q[j] with the signed
+// codes c (|c| <= 128), as vpmaddubsw of |c| against sign(c) * q; a pair sum
+// reaches 2 * 128 * 127 = 32512, so each goes to int32 on its own. Exact.
+inline __m256i block_dot_signed(const __m256i a[8], const __m256i c[8], const int8_t* q) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i s[8];
+  for (int g = 0; g < 8; ++g)
+    s[g] = _mm256_madd_epi16(_mm256_maddubs_epi16(a[g], _mm256_sign_epi8(bcast4(q + 4 * g), c[g])),
+                             ones);
+  return _mm256_add_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3])),
+      _mm256_add_epi32(_mm256_add_epi32(s[4], s[5]), _mm256_add_epi32(s[6], s[7])));
+}
+#endif
+
 // The same over 16 weights (groups g0 .. g0 + 3), for Q6_K's half-blocks: its
 // 6-bit codes give pair sums up to 16002, so two add in int16.
 inline __m256i half_block_dot(const __m256i* u, const int8_t* q, __m256i init) {
@@ -154,8 +173,9 @@ template <RKind K, int T>
 void r8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* out, size_t ldy,
              int h, int n_valid) {
   using L = RLayout<K>;
-  // Codes up to 255: without VNNI, split into nibbles (vpmaddubsw would saturate).
-  constexpr bool kBytes = (K == RKind::kByte || K == RKind::kNibTable) && !kVnni;
+  // Codes up to 255: without VNNI, signed codes through the sign trick
+  // (vpmaddubsw on u would saturate).
+  constexpr bool kSigned = (K == RKind::kByte || K == RKind::kNibTable) && !kVnni;
   const uint8_t* codes = grp;
   const uint8_t* dsec = codes + nb * L::kCodes;
   const uint8_t* msec = dsec + nb * L::kD;
@@ -165,8 +185,10 @@ void r8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* 
   const __m256i low = _mm256_set1_epi8(0x0f);
   __m256i table = _mm256_setzero_si256();
   if constexpr (K == RKind::kNibTable) {
+    // The code book as u = value + 128 (VNNI), or as the signed values.
     alignas(16) uint8_t tb[16];
-    for (int i = 0; i < 16; ++i) tb[i] = static_cast<uint8_t>(kIQ4NLValues[i] + 128);
+    for (int i = 0; i < 16; ++i)
+      tb[i] = static_cast<uint8_t>(kIQ4NLValues[i] + (kSigned ? 0 : 128));
     table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(tb)));
   }
   AheadPrefetch ahead(grp);
@@ -185,13 +207,13 @@ void r8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* 
     }
     if constexpr (K == RKind::kNibTable)
       for (int g = 0; g < 8; ++g) u[g] = _mm256_shuffle_epi8(table, u[g]);
-    // Byte codes would saturate vpmaddubsw's pair sums: split into nibbles,
-    // dot = 16 * dot(high nibbles) + dot(low nibbles), exact.
-    __m256i uh[kBytes ? 8 : 1];
-    if constexpr (kBytes)
+    // kSigned: u becomes the signed codes c, and a = |c|.
+    __m256i a[kSigned ? 8 : 1];
+    if constexpr (kSigned)
       for (int g = 0; g < 8; ++g) {
-        uh[g] = _mm256_and_si256(_mm256_srli_epi16(u[g], 4), low);
-        u[g] = _mm256_and_si256(u[g], low);
+        if constexpr (K == RKind::kByte)
+          u[g] = _mm256_xor_si256(u[g], _mm256_set1_epi8(static_cast<char>(0x80)));
+        a[g] = _mm256_abs_epi8(u[g]);
       }
     if constexpr (K == RKind::kNib5) {
       const uint8_t* hb = hsec + b * L::kHigh + 4 * h;
@@ -199,17 +221,23 @@ void r8_tile(const uint8_t* grp, int64_t nb, const BlockQ8Act* const* x, float* 
     }
     const __m256 dv = _mm256_cvtph_ps(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(dsec + b * L::kD + 16 * h)));
-    const __m256 mv = K == RKind::kNibMin
-                          ? _mm256_cvtph_ps(_mm_loadu_si128(
-                                reinterpret_cast<const __m128i*>(msec + b * L::kM + 16 * h)))
-                          : _mm256_mul_ps(dv, _mm256_set1_ps(-L::kOffset));
+    __m256 mv = _mm256_setzero_ps();
+    if constexpr (L::kMin)
+      mv = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(msec + b * L::kM + 16 * h)));
     for (int t = 0; t < T; ++t) {
       const BlockQ8Act& xb = x[t][b];
-      __m256i dot = block_dot(u, xb.q);
-      if constexpr (kBytes) dot = _mm256_add_epi32(_mm256_slli_epi32(block_dot(uh, xb.q), 4), dot);
+      __m256i dot;
+      if constexpr (kSigned) {
+        dot = block_dot_signed(a, u, xb.q);
+      } else if constexpr (L::kMin) {
+        dot = block_dot(u, xb.q);
+      } else {
+        dot = block_dot(u, xb.q, _mm256_set1_epi32(-L::kOffset * xb.sum));
+      }
       const __m256 p = _mm256_cvtepi32_ps(dot);
       acc[t] = _mm256_fmadd_ps(p, _mm256_mul_ps(dv, _mm256_set1_ps(xb.d)), acc[t]);
-      acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xb.s), acc[t]);
+      if constexpr (L::kMin) acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xb.s), acc[t]);
     }
   }
   store8(out, ldy, acc, n_valid);
@@ -527,7 +555,8 @@ void quantize_row_q8_avx2(const float* x, BlockQ8Act* out, int64_t k) {
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
     out[b].d = d;
-    out[b].s = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+    out[b].sum = _mm_cvtsi128_si32(s4);
+    out[b].s = d * static_cast<float>(out[b].sum);
   }
 }
 

@@ -164,6 +164,7 @@ void quantize_row_q8_act(const float* x, BlockQ8Act* out, int64_t k) {
     }
     out[b].d = d;
     out[b].s = d * static_cast<float>(sum);
+    out[b].sum = sum;
   }
 }
 

@@ -24,10 +24,11 @@ enum class ActFormat { kF32, kQ8 };
 
 struct BlockQ8Act {
   float d;  // scale: x ~= d * q
-  float s;  // d * sum(q), for the weight types with an offset
+  float s;  // d * sum(q), for the weight types with a per-block min (Q4_1, the K-quants)
   int8_t q[32];
+  int32_t sum;  // sum(q), exact: the constant-offset types' integer correction
 };
-static_assert(sizeof(BlockQ8Act) == 40);
+static_assert(sizeof(BlockQ8Act) == 44);
 
 // A tile of the product: out[t * ldy + r] = dot(weight row r, act row t) for
 // r in [0, n_rows) (rows row_bytes apart from w) and t in [0, n_tokens).

@@ -24,12 +24,18 @@ inline int32_t code_dot(const uint8_t* u, const int8_t* q, int lo, int hi) {
 // The per-block scales of the 16 rows are one vector, so the scaling costs
 // one multiply and two FMAs per block for all 16 rows together.
 //
-// Arithmetic (per row r, token t, over blocks b in order, from acc = 0):
-//     acc = fma(float(sum_j u_j * q_j), dv * d_x, acc);  acc = fma(mv, s_x, acc)
-// where the sum is exact, s_x = d_x * sum(q), and per type
-//     Q4_0: u = nibble, dv = d, mv = -8 d        Q4_1: u = nibble, dv = d, mv = m
-//     Q5_0: u = nibble + 16 * fifth bit, mv = -16 d
-//     IQ4_NL: u = code book value + 128, mv = -128 d      Q8_0: u = q + 128, mv = -128 d
+// Arithmetic (per row r, token t, over blocks b in order, from acc = 0). For
+// the types whose offset is a constant o (all but Q4_1), one FMA per block:
+//     acc = fma(float(sum_j u_j * q_j - o * sum_j q_j), dv * d_x, acc)
+// with the integer exact (it is the block's signed codes times q), and per type
+//     Q4_0: u = nibble, o = 8         Q5_0: u = nibble + 16 * fifth bit, o = 16
+//     IQ4_NL: u = code book value + 128, o = 128      Q8_0: u = q + 128, o = 128
+// (dv = the block's d). Q4_1's offset is its own fp16 min m:
+//     acc = fma(float(sum_j u_j * q_j), dv * d_x, acc);  acc = fma(m, s_x, acc)
+// with s_x = d_x * sum(q). Every ISA reaches the same integer its own way:
+// vpdpbusd on u starting from -o * sum(q); without VNNI, vpmaddubsw on the
+// nibbles from the same start, or on |c| against sign(c) * q for the byte
+// codes c = u - 128 (pair sums at most 2 * 128 * 127, no saturation).
 // The kernel on the file's rows (r_tile_rows, below; BARATA_REPACK=0) does
 // exactly the same operations, so repacking changes no bit of the result,
 // and the ISAs' kernels on the layout give the same bits.
@@ -54,9 +60,11 @@ struct RLayout {
   static constexpr size_t kM = K == RKind::kNibMin ? 32 : 0;
   static constexpr size_t kHigh = K == RKind::kNib5 ? 64 : 0;
   static constexpr size_t kBlock = kCodes + kD + kM + kHigh;  // 16 rows x 32 weights
-  static constexpr float kOffset = K == RKind::kNib5                            ? 16.0f
-                                   : K == RKind::kByte || K == RKind::kNibTable ? 128.0f
-                                                                                : 8.0f;
+  static constexpr int kOffset = K == RKind::kNib5                            ? 16
+                                 : K == RKind::kByte || K == RKind::kNibTable ? 128
+                                 : K == RKind::kNibMin                        ? 0
+                                                                              : 8;
+  static constexpr bool kMin = K == RKind::kNibMin;  // a float min per block, not kOffset
 };
 
 // One row's block b in code form: u[32], the fp16 scale (and min), fifth bits.
@@ -162,12 +170,12 @@ void r_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_row
 }
 
 // The layout's arithmetic on the file's rows, one row and token at a time
-// (BARATA_REPACK=0): the exact integer dot, then the two FMAs.
+// (BARATA_REPACK=0): the exact integer dot, then the FMA (two for Q4_1).
 template <RKind K>
 void r_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, const uint8_t* acts,
                  size_t act_stride, int64_t n_tokens, float* out, size_t ldy) {
   const int64_t nb = k / 32;
-  constexpr float kOff = RLayout<K>::kOffset;
+  constexpr int32_t kOff = RLayout<K>::kOffset;
   for (int64_t r = 0; r < n_rows; ++r) {
     const uint8_t* row = w + r * row_bytes;
     for (int64_t t = 0; t < n_tokens; ++t) {
@@ -176,9 +184,9 @@ void r_tile_rows(const uint8_t* w, size_t row_bytes, int64_t n_rows, int64_t k, 
       for (int64_t b = 0; b < nb; ++b) {
         const RowBlock rb = row_block<K>(row, b, nb);
         const float dv = fp16_to_fp32(rb.d);
-        const float mv = K == RKind::kNibMin ? fp16_to_fp32(rb.m) : dv * -kOff;
-        acc = std::fma(static_cast<float>(code_dot(rb.u, x[b].q, 0, 32)), dv * x[b].d, acc);
-        acc = std::fma(mv, x[b].s, acc);
+        const int32_t dot = code_dot(rb.u, x[b].q, 0, 32) - kOff * x[b].sum;
+        acc = std::fma(static_cast<float>(dot), dv * x[b].d, acc);
+        if constexpr (RLayout<K>::kMin) acc = std::fma(fp16_to_fp32(rb.m), x[b].s, acc);
       }
       out[t * ldy + r] = acc;
     }
