@@ -135,35 +135,53 @@ void r_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_row
     for (int64_t r = 0; r < 16 && g * 16 + r < n_rows; ++r) {
       const uint8_t* row = src + (g * 16 + r) * src_row_bytes;
       for (int64_t b = 0; b < nb; ++b) {
-        RowBlock rb = row_block<K>(row, b, nb);
         uint8_t* c = codes + b * L::kCodes;
         if constexpr (K == RKind::kByte) {
+          const RowBlock rb = row_block<K>(row, b, nb);
           for (int gi = 0; gi < 8; ++gi)
             for (int j = 0; j < 4; ++j) c[64 * gi + 4 * r + j] = rb.u[4 * gi + j];
-        } else {
-          // The table type stores nibble indices; the kernel maps them.
-          if constexpr (K == RKind::kNibTable) {
-            const auto& x = reinterpret_cast<const BlockQ4_0*>(row)[b];
-            for (int j = 0; j < 16; ++j) {
-              rb.u[j] = x.qs[j] & 0x0f;
-              rb.u[j + 16] = x.qs[j] >> 4;
-            }
-          }
-          for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < 4; ++j)
-              c[64 * i + 4 * r + j] = static_cast<uint8_t>((rb.u[8 * i + j] & 0x0f) |
-                                                           ((rb.u[8 * i + 4 + j] & 0x0f) << 4));
-          if constexpr (K == RKind::kNib5) {
-            for (int gi = 0; gi < 8; ++gi)
-              for (int j = 0; j < 4; ++j)
-                if (rb.u[4 * gi + j] & 0x10) {
-                  const int bit = 4 * static_cast<int>(r) + j;
-                  hsec[b * L::kHigh + 8 * gi + bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
-                }
-          }
+          std::memcpy(dsec + b * L::kD + 2 * r, &rb.d, 2);
+          continue;
         }
-        std::memcpy(dsec + b * L::kD + 2 * r, &rb.d, 2);
-        if constexpr (K == RKind::kNibMin) std::memcpy(msec + b * L::kM + 2 * r, &rb.m, 2);
+        // The nibble types straight from the file's 16 code bytes (byte j:
+        // weight j low, weight j + 16 high; IQ4_NL stores its indices): word
+        // i of the layout holds weights 8i + j (low) and 8i + 4 + j (high).
+        const uint8_t* qs;
+        uint16_t d = 0x3c00, m = 0;
+        uint32_t qh = 0;
+        if constexpr (K == RKind::kI4G128 || K == RKind::kI4Tensor) {
+          qs = row + (K == RKind::kI4G128 ? 2 * ((nb + 3) / 4) : 0) + 16 * b;
+          if constexpr (K == RKind::kI4G128) std::memcpy(&d, row + 2 * (b / 4), 2);
+        } else if constexpr (K == RKind::kNibMin) {
+          const auto& x = reinterpret_cast<const BlockQ4_1*>(row)[b];
+          qs = x.qs;
+          d = x.d;
+          m = x.m;
+        } else if constexpr (K == RKind::kNib5) {
+          const auto& x = reinterpret_cast<const BlockQ5_0*>(row)[b];
+          qs = x.qs;
+          d = x.d;
+          qh = read_u32(x.qh);
+        } else {
+          const auto& x = reinterpret_cast<const BlockQ4_0*>(row)[b];  // IQ4_NL: the same
+          qs = x.qs;
+          d = x.d;
+        }
+        uint64_t half[2];
+        std::memcpy(half, qs, 16);
+        for (int i = 0; i < 4; ++i) {
+          const uint64_t n = (half[i % 2] >> (4 * (i / 2))) & 0x0f0f0f0f0f0f0f0full;
+          const auto word = static_cast<uint32_t>(n | ((n >> 32) << 4));
+          std::memcpy(c + 64 * i + 4 * r, &word, 4);
+        }
+        if constexpr (K == RKind::kNib5) {
+          // Bits 4r .. 4r + 3 of word gi = fifth bits 4gi .. 4gi + 3: byte r / 2.
+          for (int gi = 0; gi < 8; ++gi)
+            hsec[b * L::kHigh + 8 * gi + r / 2] |=
+                static_cast<uint8_t>(((qh >> (4 * gi)) & 0x0f) << (4 * (r % 2)));
+        }
+        std::memcpy(dsec + b * L::kD + 2 * r, &d, 2);
+        if constexpr (K == RKind::kNibMin) std::memcpy(msec + b * L::kM + 2 * r, &m, 2);
       }
     }
   }
@@ -335,21 +353,31 @@ void k_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_row
       for (int64_t b = 0; b < nb; ++b) {
         const KRowBlock kb = k_row_block<K>(row, b);
         uint8_t* c = codes + b * L::kCodes;
-        for (int i = 0; i < 4; ++i)
-          for (int j = 0; j < 4; ++j)
-            c[64 * i + 4 * r + j] = static_cast<uint8_t>((kb.u[8 * i + j] & 0x0f) |
-                                                         ((kb.u[8 * i + 4 + j] & 0x0f) << 4));
+        // Eight codes at a time, no branch per bit (the bits are random).
+        uint64_t u8[4];
+        std::memcpy(u8, kb.u, 32);
+        for (int i = 0; i < 4; ++i) {
+          const uint64_t n = u8[i] & 0x0f0f0f0f0f0f0f0full;
+          const auto word = static_cast<uint32_t>(n | ((n >> 32) << 4));
+          std::memcpy(c + 64 * i + 4 * r, &word, 4);
+        }
         uint8_t* h = high + b * L::kHigh;
-        for (int gi = 0; gi < 8; ++gi)
-          for (int j = 0; j < 4; ++j) {
-            const int hb = kb.u[4 * gi + j] >> 4, bit = 4 * static_cast<int>(r) + j;
-            if constexpr (K == KKind::kQ5K) {
-              if (hb) h[8 * gi + bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
-            } else if constexpr (K == KKind::kQ6K) {
-              // word gi / 4, byte 4r + j, bits 2 (gi % 4) .. + 1
-              h[64 * (gi / 4) + bit] |= static_cast<uint8_t>(hb << (2 * (gi % 4)));
-            }
+        for (int gi = 0; gi < 8; ++gi) {
+          uint32_t x;
+          std::memcpy(&x, kb.u + 4 * gi, 4);
+          if constexpr (K == KKind::kQ5K) {
+            // Bits 4r .. 4r + 3 of word gi: the fifth bits of codes 4gi .. 4gi + 3
+            // (one per byte of x, gathered into a nibble by the multiply).
+            const uint32_t nib = (((x >> 4) & 0x01010101u) * 0x01020408u) >> 24;
+            h[8 * gi + r / 2] |= static_cast<uint8_t>(nib << (4 * (r % 2)));
+          } else if constexpr (K == KKind::kQ6K) {
+            // word gi / 4, bytes 4r .. 4r + 3, bits 2 (gi % 4) .. + 1
+            uint32_t w;
+            std::memcpy(&w, h + 64 * (gi / 4) + 4 * r, 4);
+            w |= ((x >> 4) & 0x03030303u) << (2 * (gi % 4));
+            std::memcpy(h + 64 * (gi / 4) + 4 * r, &w, 4);
           }
+        }
         uint8_t* sp = super + (b / 8) * L::kSuper;
         const int sub = static_cast<int>(b % 8);
         std::memcpy(sp + 2 * r, &kb.d, 2);
