@@ -20,9 +20,17 @@ namespace barata {
 namespace {
 
 // y = x / sqrt(mean(x^2) + eps) * w; the sum in double, as llama.cpp does.
+// Eight partial sums (element i into sum i % 8), added pairwise at the end: a
+// fixed order, so every build gives the same bits, and the compiler holds the
+// eight in vector lanes instead of one add after another.
 void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps) {
-  double ss = 0.0;
-  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  double part[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) part[j] += static_cast<double>(x[i + j]) * x[i + j];
+  for (int j = 0; i < n; ++i, ++j) part[j] += static_cast<double>(x[i]) * x[i];
+  const double ss =
+      ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
   const float scale = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(n)) + eps);
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
