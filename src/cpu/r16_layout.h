@@ -22,7 +22,7 @@ inline int32_t code_dot(const uint8_t* u, const int8_t* q, int lo, int hi) {
 // weights of the 16 rows side by side, 64 bytes, so that one vpdpbusd against
 // 4 activation bytes broadcast gives each row's partial sum in its own lane.
 // The per-block scales of the 16 rows are one vector, so the scaling costs
-// one multiply and two FMAs per block for all 16 rows together.
+// one multiply and one FMA (two for Q4_1) per block for all 16 rows together.
 //
 // Arithmetic (per row r, token t, over blocks b in order, from acc = 0). For
 // the types whose offset is a constant o (all but Q4_1), one FMA per block:
@@ -67,7 +67,47 @@ struct RLayout {
   static constexpr bool kMin = K == RKind::kNibMin;  // a float min per block, not kOffset
 };
 
-// One row's block b in code form: u[32], the fp16 scale (and min), fifth bits.
+// Where a nibble type's block b lies in its file row: the 16 code bytes (byte
+// j: weight j in the low nibble, weight j + 16 in the high one; IQ4_NL's are
+// code book indices), the fp16 scale and min, Q5_0's fifth bits.
+struct NibSource {
+  const uint8_t* qs;
+  uint16_t d = 0x3c00, m = 0;  // int4 per tensor: d = 1
+  uint32_t qh = 0;
+};
+
+template <RKind K>
+NibSource nib_source(const uint8_t* row, int64_t b, int64_t nb) {
+  NibSource o;
+  if constexpr (K == RKind::kI4G128 || K == RKind::kI4Tensor) {
+    o.qs = row + (K == RKind::kI4G128 ? 2 * ((nb + 3) / 4) : 0) + 16 * b;
+    if constexpr (K == RKind::kI4G128) std::memcpy(&o.d, row + 2 * (b / 4), 2);
+  } else if constexpr (K == RKind::kNibMin) {
+    const auto& x = reinterpret_cast<const BlockQ4_1*>(row)[b];
+    o.qs = x.qs;
+    o.d = x.d;
+    o.m = x.m;
+  } else if constexpr (K == RKind::kNib5) {
+    const auto& x = reinterpret_cast<const BlockQ5_0*>(row)[b];
+    o.qs = x.qs;
+    o.d = x.d;
+    o.qh = read_u32(x.qh);
+  } else {
+    static_assert(K == RKind::kNib || K == RKind::kNibTable, "not a nibble type");
+    const auto& x = reinterpret_cast<const BlockQ4_0*>(row)[b];  // IQ4_NL has the same layout
+    o.qs = x.qs;
+    o.d = x.d;
+  }
+  return o;
+}
+
+// Eight 4-bit codes (one per byte, high nibbles clear) -> the layout's 32-bit
+// word: byte j holds code j low and code j + 4 high.
+inline uint32_t pack_nibble_word(uint64_t codes8) {
+  return static_cast<uint32_t>(codes8 | ((codes8 >> 32) << 4));
+}
+
+// One row's block b in code form: u[32], the fp16 scale (and min).
 struct RowBlock {
   uint8_t u[32];
   uint16_t d, m;
@@ -76,42 +116,23 @@ struct RowBlock {
 template <RKind K>
 RowBlock row_block(const uint8_t* row, int64_t b, int64_t nb) {
   RowBlock o{};
-  auto nibbles = [&](const uint8_t* qs) {
-    for (int j = 0; j < 16; ++j) {
-      o.u[j] = qs[j] & 0x0f;
-      o.u[j + 16] = qs[j] >> 4;
-    }
-  };
-  if constexpr (K == RKind::kI4G128 || K == RKind::kI4Tensor) {
-    const uint8_t* q = row + (K == RKind::kI4G128 ? 2 * ((nb + 3) / 4) : 0);
-    nibbles(q + 16 * b);
-    if constexpr (K == RKind::kI4G128) {
-      std::memcpy(&o.d, row + 2 * (b / 4), 2);
-    } else {
-      o.d = 0x3c00;  // 1.0
-    }
-  } else if constexpr (K == RKind::kNib || K == RKind::kNibTable) {
-    const auto& x = reinterpret_cast<const BlockQ4_0*>(row)[b];  // IQ4_NL has the same layout
-    nibbles(x.qs);
-    o.d = x.d;
-  } else if constexpr (K == RKind::kNibMin) {
-    const auto& x = reinterpret_cast<const BlockQ4_1*>(row)[b];
-    nibbles(x.qs);
-    o.d = x.d;
-    o.m = x.m;
-  } else if constexpr (K == RKind::kNib5) {
-    const auto& x = reinterpret_cast<const BlockQ5_0*>(row)[b];
-    nibbles(x.qs);
-    const uint32_t qh = read_u32(x.qh);
-    for (int j = 0; j < 32; ++j) o.u[j] = static_cast<uint8_t>(o.u[j] | (((qh >> j) & 1u) << 4));
-    o.d = x.d;
-  } else {
+  if constexpr (K == RKind::kByte) {
     const auto& x = reinterpret_cast<const BlockQ8_0*>(row)[b];
     for (int j = 0; j < 32; ++j) o.u[j] = static_cast<uint8_t>(x.qs[j] + 128);
     o.d = x.d;
+  } else {
+    const NibSource src = nib_source<K>(row, b, nb);
+    for (int j = 0; j < 16; ++j) {
+      o.u[j] = src.qs[j] & 0x0f;
+      o.u[j + 16] = src.qs[j] >> 4;
+    }
+    for (int j = 0; j < 32; ++j)
+      o.u[j] = static_cast<uint8_t>(o.u[j] | (((src.qh >> j) & 1u) << 4));
+    if constexpr (K == RKind::kNibTable)
+      for (int j = 0; j < 32; ++j) o.u[j] = static_cast<uint8_t>(kIQ4NLValues[o.u[j]] + 128);
+    o.d = src.d;
+    o.m = src.m;
   }
-  if constexpr (K == RKind::kNibTable)
-    for (int j = 0; j < 32; ++j) o.u[j] = static_cast<uint8_t>(kIQ4NLValues[o.u[j]] + 128);
   return o;
 }
 
@@ -141,47 +162,26 @@ void r_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_row
           for (int gi = 0; gi < 8; ++gi)
             for (int j = 0; j < 4; ++j) c[64 * gi + 4 * r + j] = rb.u[4 * gi + j];
           std::memcpy(dsec + b * L::kD + 2 * r, &rb.d, 2);
-          continue;
-        }
-        // The nibble types straight from the file's 16 code bytes (byte j:
-        // weight j low, weight j + 16 high; IQ4_NL stores its indices): word
-        // i of the layout holds weights 8i + j (low) and 8i + 4 + j (high).
-        const uint8_t* qs;
-        uint16_t d = 0x3c00, m = 0;
-        uint32_t qh = 0;
-        if constexpr (K == RKind::kI4G128 || K == RKind::kI4Tensor) {
-          qs = row + (K == RKind::kI4G128 ? 2 * ((nb + 3) / 4) : 0) + 16 * b;
-          if constexpr (K == RKind::kI4G128) std::memcpy(&d, row + 2 * (b / 4), 2);
-        } else if constexpr (K == RKind::kNibMin) {
-          const auto& x = reinterpret_cast<const BlockQ4_1*>(row)[b];
-          qs = x.qs;
-          d = x.d;
-          m = x.m;
-        } else if constexpr (K == RKind::kNib5) {
-          const auto& x = reinterpret_cast<const BlockQ5_0*>(row)[b];
-          qs = x.qs;
-          d = x.d;
-          qh = read_u32(x.qh);
         } else {
-          const auto& x = reinterpret_cast<const BlockQ4_0*>(row)[b];  // IQ4_NL: the same
-          qs = x.qs;
-          d = x.d;
+          // The nibble types straight from the file's 16 code bytes: word i of
+          // the layout holds weights 8i + j (low) and 8i + 4 + j (high).
+          const NibSource ns = nib_source<K>(row, b, nb);
+          uint64_t half[2];
+          std::memcpy(half, ns.qs, 16);
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t word =
+                pack_nibble_word((half[i % 2] >> (4 * (i / 2))) & 0x0f0f0f0f0f0f0f0full);
+            std::memcpy(c + 64 * i + 4 * r, &word, 4);
+          }
+          if constexpr (K == RKind::kNib5) {
+            // Bits 4r .. 4r + 3 of word gi = fifth bits 4gi .. 4gi + 3: byte r / 2.
+            for (int gi = 0; gi < 8; ++gi)
+              hsec[b * L::kHigh + 8 * gi + r / 2] |=
+                  static_cast<uint8_t>(((ns.qh >> (4 * gi)) & 0x0f) << (4 * (r % 2)));
+          }
+          std::memcpy(dsec + b * L::kD + 2 * r, &ns.d, 2);
+          if constexpr (K == RKind::kNibMin) std::memcpy(msec + b * L::kM + 2 * r, &ns.m, 2);
         }
-        uint64_t half[2];
-        std::memcpy(half, qs, 16);
-        for (int i = 0; i < 4; ++i) {
-          const uint64_t n = (half[i % 2] >> (4 * (i / 2))) & 0x0f0f0f0f0f0f0f0full;
-          const auto word = static_cast<uint32_t>(n | ((n >> 32) << 4));
-          std::memcpy(c + 64 * i + 4 * r, &word, 4);
-        }
-        if constexpr (K == RKind::kNib5) {
-          // Bits 4r .. 4r + 3 of word gi = fifth bits 4gi .. 4gi + 3: byte r / 2.
-          for (int gi = 0; gi < 8; ++gi)
-            hsec[b * L::kHigh + 8 * gi + r / 2] |=
-                static_cast<uint8_t>(((qh >> (4 * gi)) & 0x0f) << (4 * (r % 2)));
-        }
-        std::memcpy(dsec + b * L::kD + 2 * r, &d, 2);
-        if constexpr (K == RKind::kNibMin) std::memcpy(msec + b * L::kM + 2 * r, &m, 2);
       }
     }
   }
@@ -357,8 +357,7 @@ void k_repack(const uint8_t* src, size_t src_row_bytes, int64_t k, int64_t n_row
         uint64_t u8[4];
         std::memcpy(u8, kb.u, 32);
         for (int i = 0; i < 4; ++i) {
-          const uint64_t n = u8[i] & 0x0f0f0f0f0f0f0f0full;
-          const auto word = static_cast<uint32_t>(n | ((n >> 32) << 4));
+          const uint32_t word = pack_nibble_word(u8[i] & 0x0f0f0f0f0f0f0f0full);
           std::memcpy(c + 64 * i + 4 * r, &word, 4);
         }
         uint8_t* h = high + b * L::kHigh;
