@@ -16,6 +16,7 @@
 #   --build-dir DIR  build directory (default build-gpu)
 #   --bench-only     build, then the benchmark; no tests
 #   --no-bench       build and test; no benchmark
+#   --no-sanitizers  no compute-sanitizer step (below)
 #   --no-build       use the binaries already in the build directory (a dry run
 #                    of the benchmark on a machine without CUDA)
 #   -- ARGS...       extra arguments for the cmake configure step
@@ -52,6 +53,30 @@
 #   BARATA_BENCH_TMP     folder for the model files (default: a new one in /tmp)
 #   BARATA_ARCH_PRESETS  the architecture rows' presets checked after the benchmark
 #                        (default "qwen3-0.6b gemma3-270m llama3.2-1b phi3-mini"; "" skips)
+#
+# Between the tests and the benchmark, NVIDIA compute-sanitizer (the toolkit's:
+# on PATH, else /usr/local/cuda/bin, else $CUDA_HOME/bin; without one the step
+# says so and the summary reads "not available") runs the kernel-level CUDA
+# tests of tests/barata_tests under each of its tools in turn, `--tool T
+# --error-exitcode 1 --print-limit 20`, all of them within one time budget:
+# each tool gets what is left of it divided by the tools left, so racecheck,
+# usually the slowest, goes last and inherits what the others did not use. A
+# tool stopped at its limit is reported incomplete (not failed, unless it had
+# reported an error); errors reported, a failed test under a tool or a filter
+# that matches no test fail the step, and the script then exits non-zero after
+# the benchmark has run. Logs
+# sanitizer-<tool>.log, summaries sanitizer-<tool>.md, the table in
+# sanitizers.md and cuda-results.md. Skipped with --no-sanitizers, with
+# --bench-only, and without a GPU (--allow-no-gpu). Environment:
+#   BARATA_SANITIZER_TOOLS   (default "memcheck initcheck synccheck racecheck")
+#   BARATA_SANITIZER_FILTER  gtest filter (default "CudaDequant*.*:Types/CudaMatmul.*:
+#                            Backends/BackendOps.*/cuda_*", as one word: the device
+#                            dequantizers, every matmul path and every op; not the
+#                            whole-model CudaEngine.* tests)
+#   BARATA_SANITIZER_BUDGET  seconds for all the tools together (default 120)
+#   BARATA_SANITIZER_ARGS    more compute-sanitizer flags for every tool, and
+#   BARATA_SANITIZER_ARGS_<TOOL> for one (e.g. BARATA_SANITIZER_ARGS_RACECHECK=
+#                            "--racecheck-report all")
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -61,6 +86,7 @@ CARRIED_TOOLS=0
 BENCH_ONLY=0
 NO_BENCH=0
 NO_BUILD=0
+NO_SANITIZERS=0
 EXTRA_CMAKE=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -70,8 +96,9 @@ while [ $# -gt 0 ]; do
     --bench-only) BENCH_ONLY=1 ;;
     --no-bench) NO_BENCH=1 ;;
     --no-build) NO_BUILD=1 ;;
+    --no-sanitizers) NO_SANITIZERS=1 ;;
     --) shift; EXTRA_CMAKE=("$@"); break ;;
-    -h | --help) sed -n '2,54p' "$0"; exit 0 ;;
+    -h | --help) awk 'NR > 1 && /^set -euo pipefail/ { exit } NR > 1' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -185,6 +212,188 @@ run_tests() {
   grep -E "Test +#[0-9]+: Cuda" "$LOGS/ctest.log" || true
   sed -n '/tests passed/,$p' "$LOGS/ctest.log"
 
+}
+
+# ---- compute-sanitizer over the CUDA tests -----------------------------------
+
+# The toolkit's compute-sanitizer: on PATH, else /usr/local/cuda/bin, else
+# $CUDA_HOME/bin; fails where there is none.
+find_sanitizer() {
+  local c
+  for c in "$(command -v compute-sanitizer || true)" /usr/local/cuda/bin/compute-sanitizer \
+    "${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer}"; do
+    if [ -n "$c" ] && [ -x "$c" ]; then
+      echo "$c"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# A compute-sanitizer log line that opens a report (an error or hazard, an API
+# error) starts "========= " and a non-space; its banner and summaries are not
+# reports, and the indented lines under a report locate it.
+SAN_REPORT='^========= [^ ]'
+SAN_NOT_REPORT='COMPUTE-SANITIZER|(ERROR|RACECHECK|LEAK) SUMMARY|Target application returned|Warning:|Note:'
+
+# san_errors LOG: "N summary", N from the log's ERROR SUMMARY (or, lacking
+# one, from racecheck's RACECHECK SUMMARY), else "N counted": the reports of
+# a run stopped before it printed its summary.
+san_errors() {
+  awk -v rep="$SAN_REPORT" -v not="$SAN_NOT_REPORT" '
+    /^========= ERROR SUMMARY: [0-9]+ error/ && total == "" { total = $4 }
+    /^========= RACECHECK SUMMARY:/ && race == "" && match($0, /\([0-9]+ error/) {
+      race = substr($0, RSTART + 1, RLENGTH - 7)
+    }
+    $0 ~ rep && $0 !~ not { n++ }
+    END {
+      if (total != "") print total, "summary"
+      else if (race != "") print race, "summary"
+      else print n + 0, "counted"
+    }' "$1"
+}
+
+# san_first LOG: the log's first three reports, each under the test that was
+# running, with up to three of the lines that locate it (no backtraces).
+san_first() {
+  awk -v rep="$SAN_REPORT" -v not="$SAN_NOT_REPORT" '
+    /^\[ RUN      \] / { test = substr($0, 14) }
+    $0 ~ rep { inrep = 0 }
+    $0 ~ rep && $0 !~ not {
+      if (++n > 3) exit
+      if (n == 1 || test != shown) { print "(in " (test == "" ? "no test yet" : test) ")"; shown = test }
+      print
+      inrep = 1
+      k = 0
+      next
+    }
+    inrep && /^=========     / && !/Saved host backtrace|Host Frame|^=========  +in / && k < 3 { print; k++ }
+  ' "$1"
+}
+
+# The kernel-level CUDA tests under each compute-sanitizer tool in turn (the
+# header says how): sanitizer-<tool>.log and .md, the table in sanitizers.md
+# (SANITIZER_MD), which cuda-results.md includes. Non-zero when a tool failed.
+sanitizers() {
+  step "compute-sanitizer"
+  local tools="${BARATA_SANITIZER_TOOLS:-memcheck initcheck synccheck racecheck}"
+  local filter="${BARATA_SANITIZER_FILTER:-CudaDequant*.*:Types/CudaMatmul.*:Backends/BackendOps.*/cuda_*}"
+  local budget="${BARATA_SANITIZER_BUDGET:-120}"
+  local tests="$BUILD/tests/barata_tests" md="$LOGS/sanitizers.md" cs version
+  SANITIZER_MD="$md"
+  printf '### compute-sanitizer over the CUDA tests\n\n' >"$md"
+  if ! cs="$(find_sanitizer)"; then
+    echo "no compute-sanitizer (not on PATH, in /usr/local/cuda/bin or \$CUDA_HOME/bin): sanitizers not run"
+    echo "compute-sanitizer: **not available** (not on PATH, in /usr/local/cuda/bin or \$CUDA_HOME/bin); not run." >>"$md"
+    return 0
+  fi
+  if [ ! -x "$tests" ]; then
+    echo "no $tests: sanitizers not run"
+    echo "**Not run**: no tests/barata_tests in the build directory." >>"$md"
+    return 1
+  fi
+  version="$("$cs" --version 2>/dev/null | grep -m1 -i version || true)"
+  echo "$cs (${version:-version unknown}); filter $filter; budget $budget s"
+
+  local n=0 k=0 t rc=0 rows="" details="" t_start
+  for t in $tools; do n=$((n + 1)); done
+  t_start="$(now)"
+  for t in $tools; do
+    local left tmo log="$LOGS/sanitizer-$t.log" var flags=()
+    # What is left of the budget, shared among the tools left.
+    left="$(awk -v a="$t_start" -v b="$(now)" -v B="$budget" 'BEGIN { printf "%d", B - (b - a) }')"
+    tmo=$((left / (n - k)))
+    k=$((k + 1))
+    case "$t" in
+      memcheck | racecheck | synccheck | initcheck) ;;
+      *)
+        rows+="| $t | - | - | - | **FAIL**: not a compute-sanitizer tool |"$'\n'
+        echo "  $t: not a compute-sanitizer tool"
+        rc=1
+        continue
+        ;;
+    esac
+    if [ "$tmo" -lt 10 ]; then
+      rows+="| $t | - | - | - | skipped: the budget of $budget s is spent |"$'\n'
+      echo "  $t: skipped, the budget of $budget s is spent"
+      continue
+    fi
+    var="BARATA_SANITIZER_ARGS_$(echo "$t" | tr '[:lower:]' '[:upper:]')"
+    read -r -a flags <<<"${BARATA_SANITIZER_ARGS:-} ${!var:-}"
+    local shown="compute-sanitizer --tool $t --error-exitcode 1 --print-limit 20${flags[*]:+ ${flags[*]}}"
+    local t0 st=0 dt
+    t0="$(now)"
+    # timeout signals its process group: the tests under the tool stop too.
+    BARATA_REQUIRE_GPU=1 timeout -k 10 "$tmo" "$cs" --tool "$t" --error-exitcode 1 --print-limit 20 \
+      "${flags[@]}" "$tests" "--gtest_filter=$filter" --gtest_color=no >"$log" 2>&1 || st=$?
+    dt="$(secs_since "$t0")"
+
+    local ran ok failed skipped errs how what tcell ecell first failed_names
+    ran="$(grep -c '^\[ RUN      \] ' "$log" || true)"
+    ok="$(grep -c '^\[       OK \] ' "$log" || true)"
+    failed="$(grep -cE '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$log" || true)"
+    skipped="$(grep -cE '^\[  SKIPPED \] .*\([0-9]+ ms\)$' "$log" || true)"
+    read -r errs how <<<"$(san_errors "$log")"
+    tcell="$ran: $ok passed"
+    if [ "$failed" -gt 0 ]; then tcell+=", $failed failed"; fi
+    if [ "$skipped" -gt 0 ]; then tcell+=", $skipped skipped"; fi
+    ecell="$errs"
+    if [ "$how" != summary ]; then ecell="$errs (no summary: counted)"; fi
+    what=pass
+    if [ "$errs" -gt 0 ]; then
+      what="**FAIL**: $errs error$([ "$errs" = 1 ] || echo s) reported"
+    elif [ "$failed" -gt 0 ]; then
+      what="**FAIL**: $failed test$([ "$failed" = 1 ] || echo s) failed under it"
+    elif [ "$st" = 124 ] || [ "$st" = 137 ]; then
+      what="incomplete: stopped at its limit of $tmo s"
+    elif [ "$st" != 0 ]; then
+      what="**FAIL**: exit $st"
+    elif [ "$ran" = 0 ]; then
+      what="**FAIL**: the filter matched no test"
+    fi
+    case "$what" in "**FAIL"*) rc=1 ;; esac
+    rows+="| $t | $tcell | $ecell | $dt | $what |"$'\n'
+    echo "  $t: tests $tcell; errors $ecell; ${dt} s; $what"
+
+    first="$(san_first "$log")"
+    failed_names="$(grep -E '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$log" | head -5 |
+      sed -E 's/^\[  FAILED  \] //; s/ \([0-9]+ ms\)$//; s/, where GetParam.*//' | paste -sd, - | sed 's/,/, /g' || true)"
+    local block=""
+    if [ -n "$first" ]; then block+=$'\n```\n'"$first"$'\n```\n'; fi
+    if [ -n "$failed_names" ]; then
+      block+=$'\n'"Failed under $t$([ "$failed" -le 5 ] || echo " (the first 5 of $failed)"): $failed_names"$'\n'
+    fi
+    if [ "$what" != pass ] && [ -z "$block" ]; then
+      block+=$'\n```\n'"$(tail -5 "$log")"$'\n```\n'
+    fi
+    if [ -n "$block" ]; then
+      details+=$'\n'"**$t**: $what"$'\n'"$block"
+      printf '%s\n' "${first:-$(tail -5 "$log")}" | sed 's/^/    /'
+    fi
+    {
+      echo "## compute-sanitizer --tool $t"
+      echo
+      echo "- command: \`$shown tests/barata_tests --gtest_filter=$filter\` (limit $tmo s)"
+      echo "- compute-sanitizer: $cs, ${version:-version unknown}"
+      echo "- tests run: $tcell"
+      echo "- errors reported: $ecell"
+      echo "- seconds: $dt (exit $st)"
+      echo "- result: $what"
+      printf '%s' "$block"
+    } >"$LOGS/sanitizer-$t.md"
+  done
+
+  {
+    echo "\`compute-sanitizer --tool T --error-exitcode 1 --print-limit 20\` on \`tests/barata_tests --gtest_filter=$filter\`"
+    echo "(${version:-version unknown}), the tools in turn within $budget s: $(secs_since "$t_start") s in all."
+    echo
+    echo "| tool | tests run | errors reported | s | result |"
+    echo "|---|---|---:|---:|---|"
+    printf '%s' "$rows"
+    printf '%s' "$details"
+  } >>"$md"
+  cat "$md"
+  return "$rc"
 }
 
 # ---- the benchmark ---------------------------------------------------------------
@@ -526,6 +735,10 @@ benchmark() {
     echo "- host: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ //'), $(nproc) cores"
     echo "- models: barata_synth \`--preset $tag --seed 0\` (random weights, std 0.02), F16 quantized by \`barata quantize\` to $types; \`--preset $kpreset\` F16 quantized to ${ktypes:-(none)}"
     echo "- bench: \`barata bench ${bench_dev[*]} ${threads[*]} $bench_args\` (device $device)"
+    if [ -n "$SANITIZER_MD" ] && [ -s "$SANITIZER_MD" ]; then
+      echo
+      cat "$SANITIZER_MD"
+    fi
     echo
     echo "### Step times"
     echo
@@ -549,6 +762,7 @@ benchmark() {
     fi
     printf '%s\n' "$sections"
   } >"$results"
+  RESULTS_WRITTEN=1
   echo "  wrote $results ($(secs_since "$t_start") s)"
   rm -rf "$tmp"
   return "$rc"
@@ -627,7 +841,10 @@ arch_check() {
 
 main() {
   test_rc=0
+  san_rc=0
   bench_rc=0
+  SANITIZER_MD=""
+  RESULTS_WRITTEN=0
   cd "$ROOT"
   step "machine"
   grep -m1 PRETTY_NAME /etc/os-release 2>/dev/null || true
@@ -653,12 +870,36 @@ main() {
     build_all
   fi
   if [ "$BENCH_ONLY" = 0 ]; then run_tests; fi
+  # compute-sanitizer before the benchmark; its failure is the exit status
+  # after the benchmark has run.
+  if [ "$BENCH_ONLY" = 1 ] || [ "$NO_SANITIZERS" = 1 ]; then
+    :
+  elif [ "$HAVE_GPU" = 0 ]; then
+    echo "no GPU: compute-sanitizer skipped"
+  else
+    sanitizers || san_rc=$?
+  fi
   if [ "$NO_BENCH" = 0 ]; then
     benchmark || bench_rc=$?
     arch_check || bench_rc=$?
   fi
-  step "done: tests exit $test_rc, benchmark exit $bench_rc, logs in $LOGS"
+  # No benchmark summary this run: cuda-results.md holds the sanitizers' table.
+  if [ -n "$SANITIZER_MD" ] && [ "$RESULTS_WRITTEN" = 0 ]; then
+    local gpu
+    gpu="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || true)"
+    {
+      echo "## Results: ${gpu%%,*}${gpu:+, }$(date -u '+%Y-%m-%d %H:%M UTC')"
+      echo
+      echo "- GPU: ${gpu%%,*}; driver ${gpu#*, }; CUDA: nvcc $(nvcc --version 2>/dev/null | grep -o 'release [^,]*, V[0-9.]*' || echo "no nvcc")"
+      echo "- no benchmark summary in this run"
+      echo
+      cat "$SANITIZER_MD"
+    } >"$LOGS/cuda-results.md"
+    echo "wrote $LOGS/cuda-results.md"
+  fi
+  step "done: tests exit $test_rc, sanitizers exit $san_rc, benchmark exit $bench_rc, logs in $LOGS"
   [ "$test_rc" = 0 ] || return "$test_rc"
+  [ "$san_rc" = 0 ] || return "$san_rc"
   return "$bench_rc"
 }
 
