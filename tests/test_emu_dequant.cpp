@@ -104,8 +104,9 @@ void check(DType type, int64_t n, size_t src_offset) {
   for (size_t i = 0; i < ref.size(); ++i) want[i] = fp32_to_fp16(ref[i]);
 
   Buf src(data.size() + src_offset), dst(want.size() * 2 + 64);
-  std::memcpy(src.get() + src_offset, data.data(), data.size());
-  std::memset(dst.get(), 0xff, want.size() * 2 + 64);
+  // Uploaded as on a GPU (the race checker tracks what cudaMalloc'd memory holds).
+  cudaMemcpy(src.get() + src_offset, data.data(), data.size(), cudaMemcpyHostToDevice);
+  cudaMemset(dst.get(), 0xff, want.size() * 2 + 64);
   cuda_dequantize_to_f16(type, src.get() + src_offset, dst.get(), n, nullptr);
   EXPECT_TRUE(halves_equal(reinterpret_cast<const uint16_t*>(dst.get()), want));
   for (size_t i = want.size() * 2; i < want.size() * 2 + 64; ++i)

@@ -162,6 +162,7 @@ struct Scheduler {
 thread_local Scheduler g_sched;
 thread_local cudaError_t g_last_error = cudaSuccess;
 FaultMode g_fault_mode = FaultMode::kAbort;
+bool g_report_refusals = true;  // a refused launch says why on stderr
 std::map<const void*, size_t> g_max_dyn_smem;  // per kernel, set by cudaFuncSetAttribute
 
 [[noreturn]] void die(const std::string& msg);
@@ -170,6 +171,7 @@ std::map<const void*, size_t> g_max_dyn_smem;  // per kernel, set by cudaFuncSet
 void to_fiber(Fiber* f) {
   Scheduler& s = g_sched;
   g_current = f;
+  rc::enter_thread(f->linear, f->stack, f->stack_bytes);
 #ifdef BARATA_EMU_ASAN
   __sanitizer_start_switch_fiber(&s.main_fake_stack, f->stack, f->stack_bytes);
 #endif
@@ -181,6 +183,7 @@ void to_fiber(Fiber* f) {
 #ifdef BARATA_EMU_ASAN
   __sanitizer_finish_switch_fiber(s.main_fake_stack, nullptr, nullptr);
 #endif
+  rc::leave_thread();
   g_current = nullptr;
 }
 
@@ -392,6 +395,12 @@ bool release_warps() {
         }
         g.state = State::kReady;
       }
+      // A barrier of every lane still running orders their memory accesses
+      // (the race checker's view; a partial one orders nothing there).
+      unsigned live = 0;
+      for (unsigned m = 0; m < 32; ++m)
+        if (exist >> m & 1u && s.pool[w * 32 + m]->state != State::kDone) live |= 1u << m;
+      if ((live & ~mask) == 0) rc::warp_barrier_done(w);
       any = true;
     }
   }
@@ -437,6 +446,7 @@ bool release_block_or_fail() {
       }
       f.state = State::kReady;
     }
+    rc::block_barrier_done();
     return true;
   }
   if (first_block && first_warp)
@@ -524,16 +534,15 @@ unsigned active_mask() {
 uint64_t warp_exchange(WarpOp op, unsigned mask, uint64_t value, int param, int width) {
   Fiber& f = current_or_die(warp_op_name(op));
   const unsigned lane = f.linear % 32;
-  if (!(mask >> lane & 1u)) {
-    std::fprintf(stderr, "emu: %s in %s: %s calls it with mask 0x%08x, which omits its lane %u\n",
-                 warp_op_name(op), g_sched.kernel, thread_name(f).c_str(), mask, lane);
-    std::abort();
-  }
-  if (width <= 0 || width > 32 || (width & (width - 1)) != 0) {
-    std::fprintf(stderr, "emu: %s in %s: width %d is not a power of two <= 32\n", warp_op_name(op),
-                 g_sched.kernel, width);
-    std::abort();
-  }
+  // Errors of the calling lane: thrown in its fiber, which fails the launch
+  // ("emu: kernel K threw in block ..., thread ...: ...").
+  if (!(mask >> lane & 1u))
+    throw std::runtime_error(std::string(warp_op_name(op)) + " with mask " + hex(mask) +
+                             ", which omits the calling lane " + std::to_string(lane) +
+                             " (every calling lane must be in the mask)");
+  if (width <= 0 || width > 32 || (width & (width - 1)) != 0)
+    throw std::runtime_error(std::string(warp_op_name(op)) + ": width " + std::to_string(width) +
+                             " is not a power of two <= 32");
   f.op = op;
   f.mask = mask;
   f.value = value;
@@ -559,18 +568,48 @@ cudaError_t set_max_dynamic_smem(const void* kernel, int bytes) {
   return cudaSuccess;
 }
 
-bool launch_config_ok(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes) {
+bool launch_config_ok(const char* name, const void* kernel, dim3 grid, dim3 block,
+                      size_t smem_bytes) {
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   size_t max_smem = kDefaultMaxDynSmem;
   if (auto it = g_max_dyn_smem.find(kernel); it != g_max_dyn_smem.end()) max_smem = it->second;
+  auto refuse = [&](cudaError_t e, const std::string& why) {
+    g_last_error = e;
+    if (g_report_refusals)
+      std::fprintf(stderr, "emu: the launch of %s is refused (%s): %s\n", name, cudaGetErrorName(e),
+                   why.c_str());
+    return false;
+  };
+  const std::string cfg = "grid (" + std::to_string(grid.x) + "," + std::to_string(grid.y) + "," +
+                          std::to_string(grid.z) + "), block (" + std::to_string(block.x) + "," +
+                          std::to_string(block.y) + "," + std::to_string(block.z) + ")";
+  // sm_90's limits (CUDA C++ Programming Guide, "Technical Specifications per
+  // Compute Capability"): 1024 threads a block, block x/y <= 1024, z <= 64;
+  // grid x < 2^31, y and z <= 65535.
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > kMaxThreads ||
-      block.z > 64 || grid.y > 65535 || grid.z > 65535 || grid.x > 0x7fffffffu) {
-    g_last_error = cudaErrorInvalidConfiguration;
-    return false;
-  }
-  if (smem_bytes > max_smem) {
-    g_last_error = cudaErrorInvalidValue;
-    return false;
+      block.x > 1024 || block.y > 1024 || block.z > 64 || grid.y > 65535 || grid.z > 65535 ||
+      grid.x > 0x7fffffffu)
+    return refuse(cudaErrorInvalidConfiguration, cfg + " is outside sm_90's launch limits");
+  if (smem_bytes > max_smem)
+    return refuse(cudaErrorInvalidValue,
+                  std::to_string(smem_bytes) + " bytes of dynamic shared memory, above " +
+                      (max_smem == kDefaultMaxDynSmem
+                           ? std::string("48 KiB without cudaFuncAttributeMaxDynamicSharedMemorySize")
+                           : "the " + std::to_string(max_smem) + " bytes the kernel opted in to"));
+  // What ptxas allotted the kernel (sm90_limits.cpp): its __launch_bounds__,
+  // and its registers, allocated per warp in units of 256 from the SM's 65,536.
+  const KernelLimits lim = kernel_limits(name);
+  if (lim.max_threads > 0 && threads > static_cast<uint64_t>(lim.max_threads))
+    return refuse(cudaErrorLaunchOutOfResources,
+                  cfg + ": " + std::to_string(threads) + " threads, above the kernel's " +
+                      "__launch_bounds__ of " + std::to_string(lim.max_threads));
+  if (lim.registers > 0) {
+    const uint64_t per_warp = (uint64_t(lim.registers) * 32 + 255) / 256 * 256;
+    const uint64_t regs = per_warp * ((threads + 31) / 32);
+    if (regs > 65536)
+      return refuse(cudaErrorLaunchOutOfResources,
+                    cfg + ": " + std::to_string(lim.registers) + " registers a thread (ptxas, " +
+                        "sm_90) need " + std::to_string(regs) + " of the SM's 65536");
   }
   return true;
 }
@@ -579,7 +618,7 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
               Invoke invoke, void* ctx) {
   Scheduler& s = g_sched;
   if (g_current || s.running) die(std::string("emu: ") + name + " launched from inside a kernel");
-  if (!launch_config_ok(kernel, grid, block, smem_bytes)) return;
+  if (!launch_config_ok(name, kernel, grid, block, smem_bytes)) return;
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   log_launch(name);
   if (dry_launches()) return;
@@ -610,14 +649,19 @@ void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_
   g_launch.block_dim = block;
   g_launch.dyn_smem = smem.get();
   g_launch.dyn_smem_bytes = smem_bytes;
+  rc::launch_begin(name, grid, block, smem.get(), smem_bytes);
+  uint32_t serial = 0;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
         g_launch.block_idx = uint3{x, y, z};
+        rc::block_begin(serial++);
         run_block();
       }
   s.running = false;
   g_launch = LaunchState{};
+  const std::string findings = rc::launch_end();
+  if (!findings.empty()) die(findings);
 }
 
 std::vector<std::string> g_launch_log;
@@ -713,6 +757,8 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "invalid configuration argument";
     case cudaErrorNoDevice:
       return "no CUDA-capable device is detected";
+    case cudaErrorLaunchOutOfResources:
+      return "too many resources requested for launch";
     case cudaErrorLaunchFailure:
       return "unspecified launch failure";
     case cudaErrorIllegalState:
@@ -739,6 +785,8 @@ const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorInvalidConfiguration";
     case cudaErrorNoDevice:
       return "cudaErrorNoDevice";
+    case cudaErrorLaunchOutOfResources:
+      return "cudaErrorLaunchOutOfResources";
     case cudaErrorLaunchFailure:
       return "cudaErrorLaunchFailure";
     case cudaErrorIllegalState:
@@ -756,43 +804,67 @@ const char* cudaGetErrorName(cudaError_t e) {
 using barata_emu::detail::capturing;
 using barata_emu::detail::refuse_in_capture;
 
+namespace {
+std::map<void*, size_t> g_allocations;  // cudaMalloc'd: pointer -> bytes
+}  // namespace
+
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (!p) return cudaErrorInvalidValue;
   if (capturing()) return refuse_in_capture("cudaMalloc");
   *p = ::operator new (bytes ? bytes : 1, std::align_val_t{256}, std::nothrow);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+  if (!*p) return cudaErrorMemoryAllocation;
+  // Garbage, as a GPU's fresh allocation holds; the race checker reports a
+  // kernel's read of a byte nothing wrote since.
+  std::memset(*p, 0xa5, bytes);
+  barata_emu::detail::rc::track_alloc(*p, bytes);
+  g_allocations[*p] = bytes;
+  return cudaSuccess;
 }
 
 cudaError_t cudaFree(void* p) {
   if (capturing()) return refuse_in_capture("cudaFree");
-  if (p) ::operator delete (p, std::align_val_t{256});
+  if (!p) return cudaSuccess;
+  auto it = g_allocations.find(p);
+  if (it == g_allocations.end()) return cudaErrorInvalidValue;
+  barata_emu::detail::rc::untrack_alloc(p, it->second);
+  g_allocations.erase(it);
+  ::operator delete (p, std::align_val_t{256});
   return cudaSuccess;
 }
 
+namespace {
+void copy_now(void* dst, const void* src, size_t n) {
+  if (!n) return;
+  std::memmove(dst, src, n);
+  barata_emu::detail::rc::mark_written(dst, n);
+}
+void set_now(void* p, int value, size_t n) {
+  if (!n) return;
+  std::memset(p, value, n);
+  barata_emu::detail::rc::mark_written(p, n);
+}
+}  // namespace
+
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
   if (capturing()) return refuse_in_capture("cudaMemcpy");
-  if (n) std::memmove(dst, src, n);
+  copy_now(dst, src, n);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind,
                             cudaStream_t) {
-  barata_emu::detail::run_or_record([=] {
-    if (n) std::memmove(dst, src, n);
-  });
+  barata_emu::detail::run_or_record([=] { copy_now(dst, src, n); });
   return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void* p, int value, size_t n) {
   if (capturing()) return refuse_in_capture("cudaMemset");
-  if (n) std::memset(p, value, n);
+  set_now(p, value, n);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t) {
-  barata_emu::detail::run_or_record([=] {
-    if (n) std::memset(p, value, n);
-  });
+  barata_emu::detail::run_or_record([=] { set_now(p, value, n); });
   return cudaSuccess;
 }
 

@@ -50,7 +50,8 @@
 #define __noinline__ __attribute__((noinline))
 // Blocks run one after another on one OS thread: a function-local static is
 // the shared memory of the block that is running (not zeroed per block; the
-// content a block finds is what the previous block left, as on a GPU).
+// content a block finds is what the previous block left, as on a GPU; the
+// race checker makes a read of a byte this block never wrote garbage).
 #define __shared__ static
 // __restrict__ is a GCC/Clang keyword already.
 
@@ -116,6 +117,7 @@ enum barata_emu_error_t : int {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorNoDevice = 100,
   cudaErrorIllegalState = 401,
+  cudaErrorLaunchOutOfResources = 701,
   cudaErrorLaunchFailure = 719,
   cudaErrorNotSupported = 801,
   cudaErrorStreamCaptureUnsupported = 900,
@@ -432,12 +434,37 @@ class Fault : public std::runtime_error {
 void start_launch_log();
 void stop_launch_log();
 const std::vector<std::string>& launch_log();
+// The race and initialization checker (kernels/emu/racecheck.cpp): on in
+// kernels compiled with its instrumentation (racecheck_available()) unless
+// BARATA_EMU_RACECHECK=0 or set_racecheck(false). A launch with a finding
+// fails at its end like a broken barrier (abort, or Fault in kThrow mode).
+void set_racecheck(bool on);
+bool racecheck_enabled();
+bool racecheck_available();
+
 // Dry launches: a launch's configuration is checked and logged, and its
 // threads are not run (nor is an emulated GEMM computed): for a test that
 // counts launches, whose results it does not read. Off by default.
 void set_dry_launches(bool dry);
 
 namespace detail {
+
+namespace rc {  // the checker's side of the scheduler and the runtime
+bool enabled();
+void launch_begin(const char* kernel, dim3 grid, dim3 block, const unsigned char* dyn,
+                  size_t dyn_bytes);
+void block_begin(uint32_t serial);
+void block_barrier_done();
+void warp_barrier_done(unsigned warp);  // a barrier of every live lane of the warp
+void enter_thread(unsigned linear, const void* stack, size_t stack_bytes);
+void leave_thread();
+std::string launch_end();  // the findings, or ""
+// cudaMalloc'd memory: tracked from allocation to free; written by a copy, a
+// set or the emulated GEMM (kernels' writes are seen by the instrumentation).
+void track_alloc(const void* p, size_t n);
+void untrack_alloc(const void* p, size_t n);
+void mark_written(const void* p, size_t n);
+}  // namespace rc
 
 void log_launch(const char* name);
 bool dry_launches();
@@ -468,7 +495,18 @@ unsigned lane_id();
 using Invoke = void (*)(void* ctx);
 // Whether the configuration is one a GPU launches; if not, sets the sticky
 // error (cudaGetLastError) as a refused launch does.
-bool launch_config_ok(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes);
+bool launch_config_ok(const char* name, const void* kernel, dim3 grid, dim3 block,
+                      size_t smem_bytes);
+// What ptxas reports of a kernel family for sm_90 (kernels/emu/sm90_limits.cpp):
+// the most registers per thread over its instantiations and its
+// __launch_bounds__ (0 where unknown). `launch_name` is BARATA_LAUNCH's
+// spelling of the kernel ("(qmm_kernel<T, R, C>)"): the family is the name
+// before '<' or '('.
+struct KernelLimits {
+  int registers = 0;
+  int max_threads = 0;
+};
+KernelLimits kernel_limits(const char* launch_name);
 void run_grid(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem_bytes,
               Invoke invoke, void* ctx);
 
@@ -507,7 +545,7 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
   };
   const void* kp = reinterpret_cast<const void*>(kernel);
   if (detail::capturing()) {  // a graph node: checked now, run at each replay
-    if (!detail::launch_config_ok(kp, grid, block, smem_bytes)) return;
+    if (!detail::launch_config_ok(name, kp, grid, block, smem_bytes)) return;
     auto ctx = std::make_shared<Ctx>(Ctx{kernel, Args(std::forward<A>(args)...)});
     detail::record([=] { detail::run_grid(name, kp, grid, block, smem_bytes, invoke, ctx.get()); });
     return;
