@@ -399,6 +399,226 @@ TEST(CudaEngine, DecodeGraphsReplayBitForBitWithTheEagerSteps) {
   EXPECT_EQ(rg.graph_replays, 2 * (steps - 1));
 }
 
+// A CUDA engine with CUDA graphs on or off (BARATA_CUDA_GRAPHS, read when the
+// backend is made; the variable is left as it was).
+std::unique_ptr<Engine> cuda_engine_with_graphs(const Model& m, bool graphs, int64_t n_ctx,
+                                                std::string* why) {
+  const char* was = std::getenv("BARATA_CUDA_GRAPHS");
+  const std::string saved = was ? was : "";
+  setenv("BARATA_CUDA_GRAPHS", graphs ? "1" : "0", 1);
+  auto e = cuda_engine(m, n_ctx, why);
+  if (was)
+    setenv("BARATA_CUDA_GRAPHS", saved.c_str(), 1);
+  else
+    unsetenv("BARATA_CUDA_GRAPHS");
+  return e;
+}
+
+#define CUDA_ENGINES_OR_SKIP(eager, graphs, model, n_ctx)             \
+  std::string why_;                                                   \
+  auto eager = cuda_engine_with_graphs(model, false, n_ctx, &why_);   \
+  if (!eager) {                                                       \
+    if (require_gpu()) FAIL() << "BARATA_REQUIRE_GPU=1 and " << why_; \
+    GTEST_SKIP() << "CUDA backend unavailable: " << why_;             \
+  }                                                                   \
+  auto graphs = cuda_engine_with_graphs(model, true, n_ctx, &why_);   \
+  ASSERT_TRUE(graphs) << why_
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A step with a residual hook has host code between its ops (the read-back
+// of x after every layer): it is neither captured nor replayed, not even at
+// a width whose graph exists (a replay runs no host code between its
+// kernels: the hook would not run, or, run after it, would read the last
+// layer's x for every layer). So with graphs on the hook sees, at every
+// decode step and layer, the rows it sees with graphs off, bit for bit, and
+// not those of the step before; the logits are the same bits; unset, the
+// graph replays again.
+TEST(CudaEngine, ResidualHookStepsAreNeitherCapturedNorReplayed) {
+  const Model model = Model::load(test::tiny_model("stories260K.gguf"));
+  const ModelConfig& c = model.config();
+  const int64_t V = c.n_vocab;
+  CUDA_ENGINES_OR_SKIP(eager, graphs, model, 64);
+  using Seen = std::vector<std::vector<float>>;  // one step's x, by layer
+  Seen seen_e, seen_g;
+  auto hook = [&c](Seen& into, int64_t want_rows) {
+    return [&into, &c, want_rows](int64_t l, const float* x, int64_t rows, int64_t d) {
+      EXPECT_EQ(l, static_cast<int64_t>(into.size()));
+      EXPECT_EQ(rows, want_rows);
+      EXPECT_EQ(d, c.d_model);
+      into.emplace_back(x, x + rows * d);
+    };
+  };
+  for (int width : {1, 3}) {
+    SCOPED_TRACE("width " + std::to_string(width));
+    std::vector<int> se, sg;
+    std::vector<float> le(static_cast<size_t>(V * width)), lg(le.size());
+    for (int w = 0; w < width; ++w) {
+      const std::vector<int32_t> prompt{1, 400, 31, 7 + w};
+      se.push_back(eager->new_sequence());
+      sg.push_back(graphs->new_sequence());
+      eager->prefill(se.back(), prompt, le.data() + w * V);
+      graphs->prefill(sg.back(), prompt, lg.data() + w * V);
+    }
+    auto step = [&](const std::string& phase) {
+      std::vector<int32_t> next;
+      for (int w = 0; w < width; ++w) next.push_back(argmax(le.data() + w * V, V));
+      seen_e.clear();
+      seen_g.clear();
+      eager->decode(se, next, le.data());
+      graphs->decode(sg, next, lg.data());
+      EXPECT_TRUE(same_bits(le, lg)) << phase << ": the logits";
+    };
+    const DeviceReport r0 = graphs->backend().report();
+    for (int i = 0; i < 2; ++i) step("before the hook, step " + std::to_string(i));
+    const DeviceReport r1 = graphs->backend().report();
+    EXPECT_EQ(r1.graphs_captured, r0.graphs_captured + 1) << "the width's graph";
+    EXPECT_EQ(r1.graph_replays, r0.graph_replays + 1);
+
+    eager->set_residual_hook(hook(seen_e, width));
+    graphs->set_residual_hook(hook(seen_g, width));
+    Seen before;
+    for (int i = 0; i < 3; ++i) {
+      const std::string phase = "with the hook, step " + std::to_string(i);
+      step(phase);
+      ASSERT_EQ(seen_e.size(), static_cast<size_t>(c.n_layer)) << phase;
+      ASSERT_EQ(seen_g.size(), seen_e.size()) << phase;
+      for (size_t l = 0; l < seen_g.size(); ++l) {
+        EXPECT_TRUE(same_bits(seen_g[l], seen_e[l])) << phase << ", layer " << l;
+        if (!before.empty()) {
+          EXPECT_FALSE(same_bits(seen_g[l], before[l])) << phase << ", layer " << l << ": stale";
+        }
+      }
+      before = seen_g;
+    }
+    const DeviceReport r2 = graphs->backend().report();
+    EXPECT_EQ(r2.graphs_captured, r1.graphs_captured) << "a step with the hook was captured";
+    EXPECT_EQ(r2.graph_replays, r1.graph_replays) << "a step with the hook was replayed";
+
+    eager->set_residual_hook({});
+    graphs->set_residual_hook({});
+    for (int i = 0; i < 2; ++i) {
+      step("after the hook, step " + std::to_string(i));
+      EXPECT_TRUE(seen_g.empty());
+    }
+    const DeviceReport r3 = graphs->backend().report();
+    EXPECT_EQ(r3.graphs_captured, r2.graphs_captured);
+    EXPECT_EQ(r3.graph_replays, r2.graph_replays + 2);
+    for (int s : se) eager->free_sequence(s);
+    for (int s : sg) graphs->free_sequence(s);
+  }
+}
+
+// What the host changes between steps reaches the device before the replay
+// that reads it: a forked sequence's copy on write of its shared last block
+// (made before the step, never inside the graph), then a truncation (the
+// positions and block tables go up with the batch's metadata). Both decode
+// through width 2's graph, captured before on other sequences (after the
+// prompt: a wider batch's buffers drop the graphs), bit for bit as eagerly.
+TEST(CudaEngine, GraphReplaysSeeCopiesOnWriteAndTruncations) {
+  const Model model = Model::load(test::tiny_model("stories260K.gguf"));
+  const int64_t V = model.config().n_vocab;
+  CUDA_ENGINES_OR_SKIP(eager, graphs, model, 64);
+  std::vector<float> le(static_cast<size_t>(2 * V)), lg(le.size());
+  std::vector<int32_t> prompt{1};  // 21 ids: the last block is partial
+  for (int i = 1; i < 21; ++i) prompt.push_back((i * 37 + 11) % 497 + 3);
+  const int ae = eager->new_sequence(), ag = graphs->new_sequence();
+  eager->prefill(ae, prompt, le.data());
+  graphs->prefill(ag, prompt, lg.data());
+  for (Engine* e : {eager.get(), graphs.get()}) {  // width 2's graph
+    std::vector<int> s{e->new_sequence(), e->new_sequence()};
+    for (int q : s) e->prefill(q, std::vector<int32_t>{1, 400, 31}, le.data());
+    for (int i = 0; i < 2; ++i) e->decode(s, std::vector<int32_t>{5, 9}, le.data());
+    for (int q : s) e->free_sequence(q);
+  }
+  const DeviceReport r0 = graphs->backend().report();
+  ASSERT_EQ(r0.graphs_captured, 1);
+  const std::vector<int> se{ae, eager->fork(ae)}, sg{ag, graphs->fork(ag)};
+  std::vector<int32_t> next{5, 9};  // the two forks part at once
+  auto step = [&](const std::string& what) {
+    eager->decode(se, next, le.data());
+    graphs->decode(sg, next, lg.data());
+    ASSERT_TRUE(same_bits(le, lg)) << what;
+    next = {argmax(le.data(), V), argmax(le.data() + V, V)};
+  };
+  for (int i = 0; i < 3; ++i) step("after the fork, step " + std::to_string(i));
+  for (Engine* e : {eager.get(), graphs.get()})
+    for (int q : e == eager.get() ? se : sg) e->truncate(q, 22);
+  for (int i = 0; i < 2; ++i) step("after the truncation, step " + std::to_string(i));
+  const DeviceReport r1 = graphs->backend().report();
+  EXPECT_EQ(r1.graphs_captured, r0.graphs_captured);
+  EXPECT_EQ(r1.graph_replays, r0.graph_replays + 5) << "every step a replay";
+}
+
+// A step that throws while its graph is being captured (here: a program
+// whose first residual matmul has a weight of another width, which the
+// backend refuses at that op) leaves the capture open; the host's next work
+// on the stream (a copy on write, a read-back) must run, not be recorded
+// into that capture and dropped with it (the copy) or refused by it (the
+// read-back's synchronize). Eager engine first, then the one with graphs:
+// the emulation's capture takes every stream's work of its thread (a GPU's
+// only its stream's).
+TEST(CudaEngine, WorkAfterAStepThatThrewInACaptureRuns) {
+  const Model model = Model::load(test::tiny_model("stories260K.gguf"));
+  const ModelConfig& c = model.config();
+  const int64_t V = c.n_vocab;
+  CUDA_ENGINES_OR_SKIP(eager, graphs, model, 64);
+  StepProgram bad = eager->program();
+  const WeightDesc* wide = nullptr;
+  for (const StepOp& op : bad.ops)
+    if (op.kind == OpKind::kMatmul && op.w->n_rows != c.d_model) wide = op.w;
+  ASSERT_NE(wide, nullptr);
+  for (StepOp& op : bad.ops)
+    if (op.kind == OpKind::kMatmulAdd) {
+      op.w = wide;
+      break;
+    }
+  // A decode step of seq with the bad program; the row it did not finish
+  // is truncated away.
+  auto bad_step = [&](Engine& e, int seq) {
+    Batch b;
+    b.add(5, e.length(seq), seq, true);
+    std::vector<KvBlockManager::Copy> copies;
+    plan_batch(b, e.blocks(), e.n_ctx(), V, &copies);
+    EXPECT_TRUE(copies.empty());
+    std::vector<float> l(static_cast<size_t>(V));
+    e.backend().begin(b);
+    EXPECT_THROW(e.backend().run_step(bad, b, c, l.data(), {}), Error);
+    e.truncate(seq, b.positions[0]);
+  };
+  std::vector<int32_t> prompt{1};  // 21 ids: the last block is partial
+  for (int i = 1; i < 21; ++i) prompt.push_back((i * 37 + 11) % 497 + 3);
+  std::vector<float> le(static_cast<size_t>(2 * V)), lg(le.size());
+  std::vector<uint8_t> ke, kg;
+  auto run = [&](Engine& e, std::vector<float>& logits, std::vector<uint8_t>& k) {
+    const int a = e.new_sequence();
+    e.prefill(a, prompt, logits.data());
+    bad_step(e, a);  // width 1, never captured
+    const std::vector<int> s{a, e.fork(a)};
+    e.decode(s, std::vector<int32_t>{7, 11}, logits.data());  // copies a's last block first
+    bad_step(e, a);
+    const KvLayout& L = e.kv_layout();
+    k.resize(static_cast<size_t>(L.row_bytes(0)));
+    const int32_t slot = e.blocks().table(a)[1] * static_cast<int32_t>(kKvBlockTokens) + 3;
+    EXPECT_NO_THROW(e.backend().kv_to_host(0, 0, slot, k.data())) << "the read-back";
+    return a;
+  };
+  const int ae = run(*eager, le, ke), ag = run(*graphs, lg, kg);
+  EXPECT_TRUE(same_bits(le, lg)) << "the step after the fork: its copy on write";
+  EXPECT_EQ(ke, kg) << "layer 0's key at position 19";
+  // And the engine goes on: width 1 captured now, then replayed.
+  for (int i = 0; i < 2; ++i) {
+    eager->decode(std::vector<int>{ae}, std::vector<int32_t>{3}, le.data());
+    graphs->decode(std::vector<int>{ag}, std::vector<int32_t>{3}, lg.data());
+    EXPECT_TRUE(same_bits(le, lg)) << "step " << i;
+  }
+  const DeviceReport r = graphs->backend().report();
+  EXPECT_EQ(r.graphs_captured, 2) << "widths 2 and 1; the failed captures are not kept";
+  EXPECT_EQ(r.graph_replays, 1);
+}
+
 TEST(CudaEngine, SmolLM2MatchesCpu) {
   if (test::emulated_backend())
     GTEST_SKIP() << "too large for the emulated GPU (runs on a real one)";
@@ -416,6 +636,12 @@ TEST(CudaEngine, SmolLM2MatchesCpu) {
 namespace barata {
 namespace {
 
+// Launches configured, checked and logged, not run, while one lives.
+struct DryLaunches {
+  DryLaunches() { barata_emu::set_dry_launches(true); }
+  ~DryLaunches() { barata_emu::set_dry_launches(false); }
+};
+
 // The kernels one decode step launches, by name, in the emulation: the nodes
 // its CUDA graph holds (the step logged is a replay of the graph captured the
 // step before; a replay logs each node as it runs it).
@@ -423,10 +649,7 @@ namespace {
 // does not depend on the values, which the other tests check; run, the
 // 16-wide case took over 10 minutes under ASan.
 std::vector<std::string> decode_step_launches(const test::Shape& shape, int width) {
-  struct Dry {
-    Dry() { barata_emu::set_dry_launches(true); }
-    ~Dry() { barata_emu::set_dry_launches(false); }
-  } dry;
+  DryLaunches dry;
   const test::Synthetic syn = test::make_model(shape, 7);
   test::TempDir dir;
   const auto path = dir / "m.gguf";
@@ -498,6 +721,70 @@ INSTANTIATE_TEST_SUITE_P(
                       LaunchCase{"qwen2_q8_0_b16", "qwen2", true, DType::Q8_0, 16, 30, 5},
                       LaunchCase{"llama_f16_b4", "llama", false, DType::F16, 4, 12, 3}),
     [](const auto& i) { return std::string(i.param.name); });
+
+// What a decode step's CUDA graph holds, as the emulation recorded it at the
+// capture, is the kernels and GEMMs of the same step run eagerly
+// (BARATA_CUDA_GRAPHS=0), in order, and nothing else: no copy nor set (the
+// batch's metadata goes up before the graph, the logits come down after it,
+// a copy on write is made before the step), so a replay reads no host memory.
+// The replays (right after the capture, and at the next step) launch exactly
+// those. Widths 1 and 3 (GEMV, qmm) and 16 (past the crossover: fp16
+// conversion, dequantization and cublasGemmEx). Dry launches: which kernels
+// a step launches does not depend on the values, which the bit-for-bit tests
+// compare.
+TEST(CudaGraphs, CaptureHoldsTheEagerStepsLaunches) {
+  DryLaunches dry;
+  const test::Shape shape{"qwen2", 2, 256, 8, 2, 32, 512, 512, false, true, DType::Q8_0};
+  const test::Synthetic syn = test::make_model(shape, 7);
+  test::TempDir dir;
+  test::write_bytes(dir / "m.gguf", syn.gguf);
+  const Model model = Model::load(dir / "m.gguf");
+  CUDA_ENGINES_OR_SKIP(eager, graphs, model, 512);
+  for (int width : {1, 3, 16}) {
+    SCOPED_TRACE("width " + std::to_string(width));
+    std::vector<int> se, sg;
+    std::vector<float> logits(static_cast<size_t>(shape.n_vocab * width));
+    for (int w = 0; w < width; ++w) {
+      se.push_back(eager->new_sequence());
+      sg.push_back(graphs->new_sequence());
+      eager->prefill(se.back(), std::vector<int32_t>{1, 2, 3}, logits.data());
+      graphs->prefill(sg.back(), std::vector<int32_t>{1, 2, 3}, logits.data());
+    }
+    const std::vector<int32_t> next(static_cast<size_t>(width), 5);
+    auto logged = [&](Engine& e, const std::vector<int>& seqs) {
+      barata_emu::start_launch_log();
+      e.decode(seqs, next, logits.data());
+      barata_emu::stop_launch_log();
+      return barata_emu::launch_log();
+    };
+    const std::vector<std::string> eager1 = logged(*eager, se);
+    const DeviceReport r0 = graphs->backend().report();
+    const std::vector<std::string> first = logged(*graphs, sg);  // captured, then replayed
+    const std::vector<std::string> captured = barata_emu::last_capture();
+    const DeviceReport r1 = graphs->backend().report();
+    const std::vector<std::string> second = logged(*graphs, sg);  // replayed
+    const DeviceReport r2 = graphs->backend().report();
+    const std::vector<std::string> eager2 = logged(*eager, se);
+    EXPECT_EQ(r1.graphs_captured, r0.graphs_captured + 1);
+    EXPECT_EQ(r1.graph_replays, r0.graph_replays);
+    EXPECT_EQ(r2.graphs_captured, r1.graphs_captured);
+    EXPECT_EQ(r2.graph_replays, r1.graph_replays + 1);
+    ASSERT_FALSE(eager1.empty());
+    for (const std::string& node : captured)
+      EXPECT_EQ(node.rfind("cudaMem", 0), std::string::npos) << "a " << node << " in the graph";
+    EXPECT_EQ(captured, eager1) << "the capture against the eager step";
+    EXPECT_EQ(first, eager1) << "the replay after the capture";
+    EXPECT_EQ(second, eager1) << "the next replay";
+    EXPECT_EQ(eager2, eager1) << "the next eager step";
+    const auto gemms = std::count(eager1.begin(), eager1.end(), "cublasGemmEx");
+    if (width == 16)
+      EXPECT_EQ(gemms, 2 * 7 + 1) << "every matmul through cuBLAS";
+    else
+      EXPECT_EQ(gemms, 0);
+    for (int s : se) eager->free_sequence(s);
+    for (int s : sg) graphs->free_sequence(s);
+  }
+}
 
 }  // namespace
 }  // namespace barata

@@ -671,14 +671,18 @@ bool g_dry_launches = false;
 struct Capture {
   bool open = false, invalid = false;
   std::vector<GraphNode> nodes;
+  std::vector<std::string> names;  // one a node (last_capture)
 };
 thread_local Capture g_capture;
+thread_local std::vector<std::string> g_last_capture;
 
 bool capturing() {
   return g_capture.open;
 }
-void record(GraphNode node) {
-  if (!g_capture.invalid) g_capture.nodes.push_back(std::move(node));
+void record(GraphNode node, const char* what) {
+  if (g_capture.invalid) return;
+  g_capture.nodes.push_back(std::move(node));
+  g_capture.names.emplace_back(what);
 }
 cudaError_t capture_begin() {
   if (g_capture.open) return cudaErrorIllegalState;
@@ -690,13 +694,18 @@ cudaError_t capture_end(std::vector<GraphNode>* nodes) {
   if (!g_capture.open) return cudaErrorIllegalState;
   const bool invalid = g_capture.invalid;
   *nodes = std::move(g_capture.nodes);
+  g_last_capture = std::move(g_capture.names);
   g_capture = Capture{};
-  if (invalid) nodes->clear();
+  if (invalid) {
+    nodes->clear();
+    g_last_capture.clear();
+  }
   return invalid ? cudaErrorStreamCaptureInvalidated : cudaSuccess;
 }
 cudaError_t refuse_in_capture(const char*) {
   g_capture.invalid = true;
   g_capture.nodes.clear();
+  g_capture.names.clear();
   return cudaErrorStreamCaptureUnsupported;
 }
 
@@ -719,6 +728,9 @@ void stop_launch_log() {
 }
 const std::vector<std::string>& launch_log() {
   return detail::g_launch_log;
+}
+const std::vector<std::string>& last_capture() {
+  return detail::g_last_capture;
 }
 void set_dry_launches(bool dry) {
   detail::g_dry_launches = dry;
@@ -851,9 +863,13 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind,
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind,
                             cudaStream_t) {
-  barata_emu::detail::run_or_record([=] { copy_now(dst, src, n); });
+  const char* what = kind == cudaMemcpyHostToDevice     ? "cudaMemcpyAsync HostToDevice"
+                     : kind == cudaMemcpyDeviceToHost   ? "cudaMemcpyAsync DeviceToHost"
+                     : kind == cudaMemcpyDeviceToDevice ? "cudaMemcpyAsync DeviceToDevice"
+                                                        : "cudaMemcpyAsync Default";
+  barata_emu::detail::run_or_record([=] { copy_now(dst, src, n); }, what);
   return cudaSuccess;
 }
 
@@ -864,7 +880,7 @@ cudaError_t cudaMemset(void* p, int value, size_t n) {
 }
 
 cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t) {
-  barata_emu::detail::run_or_record([=] { set_now(p, value, n); });
+  barata_emu::detail::run_or_record([=] { set_now(p, value, n); }, "cudaMemsetAsync");
   return cudaSuccess;
 }
 

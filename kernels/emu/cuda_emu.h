@@ -166,15 +166,16 @@ cudaError_t set_max_dynamic_smem(const void* kernel, int bytes);
 // then fails with cudaErrorStreamCaptureInvalidated.
 using GraphNode = std::function<void()>;
 bool capturing();
-void record(GraphNode node);
+// `what` names the node in barata_emu::last_capture().
+void record(GraphNode node, const char* what);
 cudaError_t capture_begin();
 cudaError_t capture_end(std::vector<GraphNode>* nodes);
 // What a capturing stream refuses: invalidates the capture and returns the error.
 cudaError_t refuse_in_capture(const char* what);
 // Stream work: a node of the open capture, or run now.
-inline void run_or_record(GraphNode node) {
+inline void run_or_record(GraphNode node, const char* what) {
   if (capturing())
-    record(std::move(node));
+    record(std::move(node), what);
   else
     node();
 }
@@ -434,6 +435,12 @@ class Fault : public std::runtime_error {
 void start_launch_log();
 void stop_launch_log();
 const std::vector<std::string>& launch_log();
+// What the last capture ended on this OS thread recorded, one name a node,
+// in order: a kernel by the name the launch log gives it, "cublasGemmEx",
+// "cudaMemcpyAsync HostToDevice" (DeviceToHost, DeviceToDevice, Default),
+// "cudaMemsetAsync"; empty if that capture was invalidated. A test compares
+// it with the launch log of the same work run uncaptured.
+const std::vector<std::string>& last_capture();
 // The race and initialization checker (kernels/emu/racecheck.cpp): on in
 // kernels compiled with its instrumentation (racecheck_available()) unless
 // BARATA_EMU_RACECHECK=0 or set_racecheck(false). A launch with a finding
@@ -547,7 +554,8 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
   if (detail::capturing()) {  // a graph node: checked now, run at each replay
     if (!detail::launch_config_ok(name, kp, grid, block, smem_bytes)) return;
     auto ctx = std::make_shared<Ctx>(Ctx{kernel, Args(std::forward<A>(args)...)});
-    detail::record([=] { detail::run_grid(name, kp, grid, block, smem_bytes, invoke, ctx.get()); });
+    detail::record([=] { detail::run_grid(name, kp, grid, block, smem_bytes, invoke, ctx.get()); },
+                   name);
     return;
   }
   Ctx ctx{kernel, Args(std::forward<A>(args)...)};

@@ -198,7 +198,7 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasO
                                            static_cast<size_t>(m) * sizeof(float));
   };
   // Host-pointer scalars are read when the call is made (captured: into the node).
-  barata_emu::detail::run_or_record(gemm);
+  barata_emu::detail::run_or_record(gemm, "cublasGemmEx");
   return CUBLAS_STATUS_SUCCESS;
 }
 

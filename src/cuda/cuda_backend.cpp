@@ -249,6 +249,7 @@ class CudaBackend final : public Backend {
   }
 
   ~CudaBackend() override {
+    abandon_capture();
     drop_graphs();
     if (cublas_) cublasDestroy(cublas_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -346,16 +347,19 @@ class CudaBackend final : public Backend {
   void logits(const float* x, float* host_logits) override;
 
   void to_device(float* dst, const float* host, int64_t n) override {
+    abandon_capture();
     BARATA_CUDA_CHECK(
         cudaMemcpyAsync(dst, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
     BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void to_host(float* host, const float* src, int64_t n) override {
+    abandon_capture();
     BARATA_CUDA_CHECK(
         cudaMemcpyAsync(host, src, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
     BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void kv_to_host(int64_t layer, int kv, int32_t slot, uint8_t* host) override {
+    abandon_capture();
     const uint8_t* p = pool_ + (slot / kKvBlockTokens) * layout_.bytes_per_block() +
                        layout_.offset(layer, kv, slot % kKvBlockTokens);
     BARATA_CUDA_CHECK(cudaMemcpyAsync(host, p, static_cast<size_t>(layout_.row_bytes(kv)),
@@ -364,6 +368,7 @@ class CudaBackend final : public Backend {
   }
 
   void copy_kv_blocks(const std::vector<KvBlockManager::Copy>& copies) override {
+    abandon_capture();
     const size_t bytes = static_cast<size_t>(layout_.bytes_per_block());
     for (const auto& c : copies)
       BARATA_CUDA_CHECK(cudaMemcpyAsync(pool_ + c.to * layout_.bytes_per_block(),
@@ -371,7 +376,10 @@ class CudaBackend final : public Backend {
                                         cudaMemcpyDeviceToDevice, stream_));
   }
 
-  void synchronize() override { BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void synchronize() override {
+    abandon_capture();
+    BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
 
   DeviceReport report() const override {
     DeviceReport r;
@@ -399,6 +407,7 @@ class CudaBackend final : public Backend {
   }
 
   std::unique_ptr<BandwidthProbe> bandwidth_probe(int64_t bytes) override {
+    abandon_capture();
     return std::make_unique<CudaBandwidthProbe>(arena_, bytes, stream_);
   }
 
@@ -460,6 +469,23 @@ class CudaBackend final : public Backend {
   // program's analysis; -1 outside run_step, where nothing is reused).
   int64_t x_from() const { return op_ ? op_->x_from : -1; }
 
+  // A capture that a step which threw left open (run_step skips step_end),
+  // closed and dropped before anything else goes on the stream: work put on a
+  // capturing stream is recorded instead of run (a copy on write would be
+  // lost with the capture) or refused (a read-back). Every entry that puts
+  // work on the stream outside the ops calls it first. Inside a step being
+  // captured none may run (a step with host code between its ops,
+  // on_layer_end, is never captured): one that did would lose the ops
+  // recorded so far.
+  void abandon_capture() {
+    if (!capturing_) return;
+    if (op_) fail("internal: CUDA: host work on the stream inside a step being captured");
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(stream_, &g);
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();
+    capturing_ = false;
+  }
   // Ends the capture in progress and instantiates what it recorded.
   cudaGraphExec_t end_capture() {
     capturing_ = false;
@@ -560,6 +586,7 @@ class CudaBackend final : public Backend {
   int64_t off_tokens_ = 0, off_rows_ = 0, off_tiles_ = 0, off_logit_rows_ = 0, off_tables_ = 0;
   void* pinned_ = nullptr;
   int64_t pinned_bytes_ = 0;
+  bool upload_pending_ = false;  // begin()'s upload from pinned_ not yet waited for
 
   // CUDA graphs of the decode step, by batch width.
   std::unordered_map<int64_t, cudaGraphExec_t> graphs_;
@@ -779,15 +806,7 @@ void CudaBackend::ensure_rows(int64_t n) {
 }
 
 void CudaBackend::begin(const Batch& b) {
-  // A capture left open by a forward that threw: closed and dropped, so the
-  // stream takes work again.
-  if (capturing_) {
-    cudaGraph_t g = nullptr;
-    cudaStreamEndCapture(stream_, &g);
-    if (g) cudaGraphDestroy(g);
-    cudaGetLastError();
-    capturing_ = false;
-  }
+  abandon_capture();
   batch_ = &b;
   rows_ = b.size();
   q8_from_ = -1;
@@ -833,6 +852,10 @@ void CudaBackend::begin(const Batch& b) {
   // The layout depends on the width only for decode batches, where every
   // array has a fixed size per width: a graph's pointers stay valid.
   if (meta_.ensure(arena_, std::max<int64_t>(total, 1 << 16), "batch metadata")) drop_graphs();
+  // The last upload may still be reading pinned_ when no step ended since
+  // (one threw before its logits' synchronize): it finishes first. (An error
+  // it reports is the failed step's, which has thrown.)
+  if (upload_pending_) cudaStreamSynchronize(stream_);
   if (total > pinned_bytes_) {
     if (pinned_) cudaFreeHost(pinned_);
     BARATA_CUDA_CHECK(cudaMallocHost(&pinned_, static_cast<size_t>(total)));
@@ -850,6 +873,7 @@ void CudaBackend::begin(const Batch& b) {
                        static_cast<size_t>((n_groups - 1) * group_stride_ + stride)) *
                       4;
   BARATA_CUDA_CHECK(cudaMemcpyAsync(meta_.p, pinned_, used, cudaMemcpyHostToDevice, stream_));
+  upload_pending_ = true;
 }
 
 bool CudaBackend::step_begin(bool capturable) {
@@ -883,6 +907,7 @@ void CudaBackend::copy_logits(float* host_logits) {
                                     static_cast<size_t>(n_out * model_->config().n_vocab * 4),
                                     cudaMemcpyDeviceToHost, stream_));
   const cudaError_t err = cudaStreamSynchronize(stream_);
+  upload_pending_ = false;
   if (err != cudaSuccess)
     fail(
         "CUDA: the forward of a batch of {} rows failed: {} ({}); BARATA_CUDA_SYNC=1 names the "
@@ -933,13 +958,15 @@ void CudaBackend::run_matmul(const DevWeight& w, const float* x, int64_t n, floa
                                           : std::string(flat ? "dequant" : "dequant_rows") + "<" +
                                                 dtype_name(w.type) + "> to f16 + cublasGemmEx";
   });
-  act_f16_.ensure(arena_, n * w.k * 2, "fp16 activations");
+  // Sized by ensure_rows and prepare, so neither moves; if one did, the
+  // graphs holding its old address go.
+  if (act_f16_.ensure(arena_, n * w.k * 2, "fp16 activations")) drop_graphs();
   launch_f32_to_f16(x, act_f16_.as<uint16_t>(), n * w.k, stream_);
   const float alpha = w.scale, beta = ep.accumulate ? 1.0f : 0.0f;
   int64_t tile_rows = w.n_rows;
   if (path == MatmulPath::kDequantCublas) {
     tile_rows = dequant_tile_rows(w);
-    tile_f16_.ensure(arena_, tile_rows * w.k * 2, "the dequant tile");
+    if (tile_f16_.ensure(arena_, tile_rows * w.k * 2, "the dequant tile")) drop_graphs();
   }
   for (int64_t r0 = 0; r0 < w.n_rows; r0 += tile_rows) {
     const int64_t nr = std::min(tile_rows, w.n_rows - r0);
