@@ -72,6 +72,10 @@ struct InitPage {
 
 template <typename P>
 struct Table {  // address -> page, two levels over the 47-bit user space
+  Table() = default;
+  Table(const Table&) = delete;
+  Table& operator=(const Table&) = delete;
+  ~Table() { clear(); }
   std::map<uintptr_t, P**> regions;
   uintptr_t last_region = ~uintptr_t{0};
   P** last = nullptr;
