@@ -6,6 +6,7 @@
 // are not built (there is nothing to skip).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,7 @@ TEST_F(EmuRacecheck, SharedMemoryRace) {
   const std::string bad = fault_of([&] {
     BARATA_LAUNCH(neighbour_kernel, dim3(1), dim3(64), 0, nullptr, in.data(), out.data(), 0);
   });
+  std::printf("the report: %s\n", bad.c_str());
   EXPECT_NE(bad.find("shared memory race in neighbour_kernel"), std::string::npos) << bad;
   EXPECT_NE(bad.find("static shared memory"), std::string::npos) << bad;
   // the two threads and where: thread 0 reads what thread 1 writes later (or the reverse)
