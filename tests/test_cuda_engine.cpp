@@ -52,6 +52,21 @@ std::unique_ptr<Engine> cuda_engine(const Model& m, int64_t n_ctx, std::string* 
   }
 }
 
+// `width` sequences on each of two engines, each prefilled with a short
+// prompt of its own; their ids in sa, sb and their logits in la, lb.
+void prefill_both(Engine& a, Engine& b, int width, int64_t V, std::vector<int>& sa,
+                  std::vector<int>& sb, std::vector<float>& la, std::vector<float>& lb) {
+  la.assign(static_cast<size_t>(V * width), 0.0f);
+  lb.assign(la.size(), 0.0f);
+  for (int w = 0; w < width; ++w) {
+    const std::vector<int32_t> prompt{1, 400, 31, 7 + w};
+    sa.push_back(a.new_sequence());
+    sb.push_back(b.new_sequence());
+    a.prefill(sa.back(), prompt, la.data() + w * V);
+    b.prefill(sb.back(), prompt, lb.data() + w * V);
+  }
+}
+
 #define CUDA_ENGINE_OR_SKIP(var, model, n_ctx)                        \
   std::string why_;                                                   \
   auto var = cuda_engine(model, n_ctx, &why_);                        \
@@ -374,14 +389,8 @@ TEST(CudaEngine, DecodeGraphsReplayBitForBitWithTheEagerSteps) {
   for (int width : {1, 3}) {
     SCOPED_TRACE("width " + std::to_string(width));
     std::vector<int> se, sg;
-    std::vector<float> le(static_cast<size_t>(V * width)), lg(le.size());
-    for (int w = 0; w < width; ++w) {
-      const std::vector<int32_t> prompt{1, 400, 31, 7 + w};
-      se.push_back(eager->new_sequence());
-      sg.push_back(graphs->new_sequence());
-      eager->prefill(se.back(), prompt, le.data() + w * V);
-      graphs->prefill(sg.back(), prompt, lg.data() + w * V);
-    }
+    std::vector<float> le, lg;
+    prefill_both(*eager, *graphs, width, V, se, sg, le, lg);
     for (int step = 0; step < steps; ++step) {
       std::vector<int32_t> next;
       for (int w = 0; w < width; ++w) next.push_back(argmax(le.data() + w * V, V));
@@ -454,14 +463,8 @@ TEST(CudaEngine, ResidualHookStepsAreNeitherCapturedNorReplayed) {
   for (int width : {1, 3}) {
     SCOPED_TRACE("width " + std::to_string(width));
     std::vector<int> se, sg;
-    std::vector<float> le(static_cast<size_t>(V * width)), lg(le.size());
-    for (int w = 0; w < width; ++w) {
-      const std::vector<int32_t> prompt{1, 400, 31, 7 + w};
-      se.push_back(eager->new_sequence());
-      sg.push_back(graphs->new_sequence());
-      eager->prefill(se.back(), prompt, le.data() + w * V);
-      graphs->prefill(sg.back(), prompt, lg.data() + w * V);
-    }
+    std::vector<float> le, lg;
+    prefill_both(*eager, *graphs, width, V, se, sg, le, lg);
     auto step = [&](const std::string& phase) {
       std::vector<int32_t> next;
       for (int w = 0; w < width; ++w) next.push_back(argmax(le.data() + w * V, V));
