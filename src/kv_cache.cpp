@@ -78,8 +78,8 @@ bool KvBlockManager::has_sliding_groups() const {
   return std::any_of(windows_.begin(), windows_.end(), [](int64_t w) { return w > 0; });
 }
 
-KvBlockManager::Sequence KvBlockManager::fresh_sequence() const {
-  Sequence s;
+KvBlockManager::SeqBlocks KvBlockManager::fresh_sequence() const {
+  SeqBlocks s;
   s.live = true;
   s.tables.resize(windows_.size());
   return s;
@@ -101,13 +101,13 @@ bool KvBlockManager::exists(int seq) const {
          seqs_[static_cast<size_t>(seq)].live;
 }
 
-const KvBlockManager::Sequence& KvBlockManager::live(int seq) const {
+const KvBlockManager::SeqBlocks& KvBlockManager::live(int seq) const {
   if (!exists(seq)) fail("KV cache: sequence {} does not exist (never made, or freed)", seq);
   return seqs_[static_cast<size_t>(seq)];
 }
 
-KvBlockManager::Sequence& KvBlockManager::live(int seq) {
-  return const_cast<Sequence&>(std::as_const(*this).live(seq));
+KvBlockManager::SeqBlocks& KvBlockManager::live(int seq) {
+  return const_cast<SeqBlocks&>(std::as_const(*this).live(seq));
 }
 
 int64_t KvBlockManager::length(int seq) const {
@@ -115,7 +115,7 @@ int64_t KvBlockManager::length(int seq) const {
 }
 
 const std::vector<int32_t>& KvBlockManager::table(int seq, int group) const {
-  const Sequence& s = live(seq);
+  const SeqBlocks& s = live(seq);
   if (group < 0 || group >= n_groups())
     fail("internal: KV cache: layer group {} of {}", group, n_groups());
   return s.tables[static_cast<size_t>(group)];
@@ -134,7 +134,7 @@ void KvBlockManager::free_sequence(int seq) {
 }
 
 bool KvBlockManager::can_truncate(int seq, int64_t n) const {
-  const Sequence& s = live(seq);
+  const SeqBlocks& s = live(seq);
   if (n <= 0 || n >= s.n_tokens) return n >= 0;
   const auto keep = static_cast<size_t>((n + kBlockTokens - 1) / kBlockTokens);
   // A sliding group must still hold what the next row (position n) reads.
@@ -149,7 +149,7 @@ bool KvBlockManager::can_truncate(int seq, int64_t n) const {
 
 void KvBlockManager::truncate(int seq, int64_t n) {
   if (n < 0) fail("KV cache: truncate of sequence {} to {} tokens", seq, n);
-  Sequence& s = live(seq);
+  SeqBlocks& s = live(seq);
   if (n >= s.n_tokens) return;
   const size_t keep = static_cast<size_t>((n + kBlockTokens - 1) / kBlockTokens);
   if (!can_truncate(seq, n))
@@ -171,8 +171,8 @@ void KvBlockManager::truncate(int seq, int64_t n) {
 int KvBlockManager::fork(int seq) {
   live(seq);
   const int child = new_sequence();
-  Sequence& c = seqs_[static_cast<size_t>(child)];
-  const Sequence& p = seqs_[static_cast<size_t>(seq)];
+  SeqBlocks& c = seqs_[static_cast<size_t>(child)];
+  const SeqBlocks& p = seqs_[static_cast<size_t>(seq)];
   c.n_tokens = p.n_tokens;
   c.tables = p.tables;
   c.hashes = p.hashes;
@@ -231,14 +231,14 @@ void KvBlockManager::unpublish(int32_t b) {
 
 // Whether appending n tokens must first copy group g's partly filled last
 // block: it is shared with another sequence, or published (immutable).
-bool KvBlockManager::must_copy(const Sequence& s, int group, int64_t n) const {
+bool KvBlockManager::must_copy(const SeqBlocks& s, int group, int64_t n) const {
   const auto& t = s.tables[static_cast<size_t>(group)];
   if (n <= 0 || s.n_tokens % kBlockTokens == 0 || t.empty() || t.back() == kNoBlock) return false;
   const auto b = static_cast<size_t>(t.back());
   return refcount_[b] > 1 || cached_[b].published;
 }
 
-int64_t KvBlockManager::blocks_needed(const Sequence& s, int64_t n) const {
+int64_t KvBlockManager::blocks_needed(const SeqBlocks& s, int64_t n) const {
   const int64_t want = (s.n_tokens + n + kBlockTokens - 1) / kBlockTokens;
   int64_t need = 0, freed = 0;
   for (size_t g = 0; g < s.tables.size(); ++g) {
@@ -302,7 +302,7 @@ int64_t KvBlockManager::max_sequence_tokens(int64_t chunk) const {
 
 // Releases the sliding groups' blocks that hold only positions before
 // first_needed (minus keep_back): no row from here on reads them.
-void KvBlockManager::slide(Sequence& s, int64_t first_needed) {
+void KvBlockManager::slide(SeqBlocks& s, int64_t first_needed) {
   for (size_t g = 0; g < windows_.size(); ++g) {
     if (windows_[g] == 0) continue;
     const int64_t from = first_needed - windows_[g] - keep_back_;
@@ -328,7 +328,7 @@ void KvBlockManager::append(int seq, int64_t n, std::vector<Copy>* copies) {
         "KV cache full: appending {} tokens needs {} more blocks of {} tokens, {} of {} are free "
         "(raise the context size -c)",
         n, need, kBlockTokens, free_blocks(), max_blocks_);
-  Sequence& s = live(seq);
+  SeqBlocks& s = live(seq);
   const int64_t end = s.n_tokens + n;
   // The first new row (position n_tokens) sees keys from n_tokens + 1 - window.
   if (n > 0) slide(s, s.n_tokens + 1);
@@ -377,7 +377,7 @@ void KvBlockManager::clear_prefix_cache() {
     unpublish(static_cast<int32_t>(b));
     if (idle) free_.push_back(static_cast<int32_t>(b));
   }
-  for (Sequence& s : seqs_) s.hashes.clear();
+  for (SeqBlocks& s : seqs_) s.hashes.clear();
 }
 
 namespace {
@@ -405,7 +405,7 @@ int32_t KvBlockManager::cached_block(uint64_t chain, uint64_t parent, int64_t gr
 }
 
 int64_t KvBlockManager::attach_prefix(int seq, std::span<const int32_t> tokens) {
-  Sequence& s = live(seq);
+  SeqBlocks& s = live(seq);
   if (!prefix_on_) return 0;
   if (s.n_tokens != 0) fail("internal: KV cache: prefix attach to a non-empty sequence {}", seq);
   ++prefix_stats_.lookups;
@@ -476,7 +476,7 @@ int64_t KvBlockManager::attach_prefix(int seq, std::span<const int32_t> tokens) 
 }
 
 void KvBlockManager::publish(int seq, std::span<const int32_t> tokens) {
-  Sequence& s = live(seq);
+  SeqBlocks& s = live(seq);
   if (!prefix_on_) return;
   const size_t full = static_cast<size_t>(
       std::min<int64_t>(s.n_tokens, static_cast<int64_t>(tokens.size())) / kBlockTokens);

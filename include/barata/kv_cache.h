@@ -211,16 +211,16 @@ class KvBlockManager {
   int64_t max_sequence_tokens(int64_t chunk) const;
 
  private:
-  struct Sequence {
+  struct SeqBlocks {
     bool live = false;
     int64_t n_tokens = 0;
     std::vector<std::vector<int32_t>> tables;  // per group
     std::vector<uint64_t> hashes;              // chained hash of each published leading block
     int64_t released_to = 0;                   // sliding groups' blocks below this index are gone
   };
-  Sequence fresh_sequence() const;
-  int64_t blocks_needed(const Sequence& s, int64_t n) const;
-  void slide(Sequence& s, int64_t first_needed);
+  SeqBlocks fresh_sequence() const;
+  int64_t blocks_needed(const SeqBlocks& s, int64_t n) const;
+  void slide(SeqBlocks& s, int64_t first_needed);
   // A published block: its hash, its parent's and its tokens (checked on a hit).
   struct Cached {
     uint64_t hash = 0, parent = 0;
@@ -228,7 +228,7 @@ class KvBlockManager {
     int64_t lru_tick = -1;  // while in lru_ (refcount 0)
     bool published = false;
   };
-  bool must_copy(const Sequence& s, int group, int64_t n) const;
+  bool must_copy(const SeqBlocks& s, int group, int64_t n) const;
   // The first block index of `group` a sequence of n_tokens keeps (0 for a
   // full group): what slide() leaves at the next append.
   int64_t first_kept(int64_t group, int64_t n_tokens) const;
@@ -237,8 +237,8 @@ class KvBlockManager {
   int32_t cached_block(uint64_t chain, uint64_t parent, int64_t group,
                        std::span<const int32_t> blk) const;
   void unpublish(int32_t b);
-  const Sequence& live(int seq) const;
-  Sequence& live(int seq);
+  const SeqBlocks& live(int seq) const;
+  SeqBlocks& live(int seq);
   int32_t take_block();
   void release_block(int32_t b);
 
@@ -248,7 +248,7 @@ class KvBlockManager {
   std::vector<int32_t> refcount_;  // per block id ever used
   std::vector<int32_t> free_;      // used ids whose refcount fell to 0
   int64_t n_in_use_ = 0;
-  std::vector<Sequence> seqs_;
+  std::vector<SeqBlocks> seqs_;
   bool prefix_on_ = false;
   std::vector<Cached> cached_;                     // per block id ever used
   std::unordered_map<uint64_t, int32_t> by_hash_;  // published blocks

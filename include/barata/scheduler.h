@@ -26,6 +26,7 @@
 #include "barata/batch.h"
 #include "barata/kv_cache.h"
 #include "barata/sampler.h"
+#include "barata/sequence.h"
 #include "barata/tokenizer.h"
 
 namespace barata {
@@ -60,71 +61,6 @@ class EngineSteps final : public StepEngine {
 
 enum class BatchPolicy { kContinuous, kStatic };
 const char* policy_name(BatchPolicy p);
-
-struct Request {
-  std::string id;                 // a caller's name for it (JSONL "id"), may be empty
-  std::vector<int32_t> prompt;    // token ids, BOS included when wanted
-  SamplerOptions sampling;        // its own seed
-  int64_t max_tokens = 256;       // tokens to generate at most
-  bool ignore_eos = false;        // generate max_tokens whatever is sampled
-  std::vector<std::string> stop;  // stop strings (need SchedulerOptions::tokenizer)
-  double arrival_s = 0;           // when it arrives, seconds after the scheduler's clock zero
-  // A caller's engine sequence whose cache holds a prefix of `prompt` (a
-  // chat's earlier turns): the request continues it, and at the end it is
-  // left holding every token but the last sampled one. -1: the scheduler
-  // makes its own and frees it.
-  int kv_seq = -1;
-  // A caller's sampler (its random state and penalty window carry across
-  // requests); null: one made from `sampling`.
-  Sampler* sampler = nullptr;
-};
-
-enum class SeqStatus { kWaiting, kRunning, kFinished, kFailed };
-// eos: an end-of-generation token; length: max_tokens; stop: a stop string;
-// context: the sequence filled n_ctx; cancelled; error: refused (see error).
-enum class FinishReason { kNone, kEos, kLength, kStop, kContext, kCancelled, kError };
-const char* finish_name(FinishReason r);
-
-struct Sequence {
-  int id = 0;  // submission order, from 0
-  Request req;
-  Sampler own_sampler;
-  Sampler* sampler;             // req.sampler or &own_sampler
-  std::vector<int32_t> tokens;  // prompt, then every generated token
-  int64_t n_prompt = 0;
-  int64_t n_computed = 0;  // leading tokens whose K/V the cache holds
-  int kv = -1;             // the engine's sequence while it holds blocks
-  SeqStatus status = SeqStatus::kWaiting;
-  FinishReason finish = FinishReason::kNone;
-  std::string error;      // why it failed (status kFailed)
-  std::string text;       // generated text so far (with a tokenizer), stop string excluded
-  size_t n_streamed = 0;  // bytes of text passed to Scheduler::on_text
-
-  // Accounting. Times are the scheduler clock's seconds; -1: not yet.
-  // t_last_token: when its last token came out; t_finished: when its result
-  // is delivered, the same except in a static batch, whose members' results
-  // come back together when the batch ends (a padded batch's generate call
-  // returns once its longest member is done).
-  double t_admitted = -1, t_first_token = -1, t_last_token = -1, t_finished = -1;
-  int64_t step_admitted = -1, step_first_token = -1, step_finished = -1;
-  int64_t n_preemptions = 0;
-  int64_t prefix_hit_tokens = 0;  // prompt tokens taken from the prefix cache
-  int64_t prefill_rows = 0;       // rows computed before the first token (recompute included)
-  int64_t admit_order = -1;       // admission counter (the youngest is preempted first)
-
-  explicit Sequence(const Request& r)
-      : own_sampler(r.sampling), sampler(r.sampler ? r.sampler : &own_sampler) {}
-  std::span<const int32_t> output() const {
-    // Empty once Scheduler::forget dropped the tokens.
-    return std::span<const int32_t>(tokens).subspan(
-        std::min(static_cast<size_t>(n_prompt), tokens.size()));
-  }
-  bool done() const { return status == SeqStatus::kFinished || status == SeqStatus::kFailed; }
-  double latency_s() const { return t_finished - req.arrival_s; }
-  double ttft_s() const { return t_first_token - req.arrival_s; }
-
-  std::unique_ptr<StreamDecoder> decoder;  // with a tokenizer
-};
 
 struct SchedulerOptions {
   BatchPolicy policy = BatchPolicy::kContinuous;
