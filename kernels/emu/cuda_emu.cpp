@@ -397,10 +397,12 @@ bool release_warps() {
       }
       // A barrier of every lane still running orders their memory accesses
       // (the race checker's view; a partial one orders nothing there).
-      unsigned live = 0;
-      for (unsigned m = 0; m < 32; ++m)
-        if (exist >> m & 1u && s.pool[w * 32 + m]->state != State::kDone) live |= 1u << m;
-      if ((live & ~mask) == 0) rc::warp_barrier_done(w);
+      if (rc::checking()) {
+        unsigned live = 0;
+        for (unsigned m = 0; m < 32; ++m)
+          if (exist >> m & 1u && s.pool[w * 32 + m]->state != State::kDone) live |= 1u << m;
+        if ((live & ~mask) == 0) rc::warp_barrier_done(w);
+      }
       any = true;
     }
   }
@@ -580,16 +582,18 @@ bool launch_config_ok(const char* name, const void* kernel, dim3 grid, dim3 bloc
                    why.c_str());
     return false;
   };
-  const std::string cfg = "grid (" + std::to_string(grid.x) + "," + std::to_string(grid.y) + "," +
-                          std::to_string(grid.z) + "), block (" + std::to_string(block.x) + "," +
-                          std::to_string(block.y) + "," + std::to_string(block.z) + ")";
+  auto cfg = [&] {  // (only for a refusal's message)
+    return "grid (" + std::to_string(grid.x) + "," + std::to_string(grid.y) + "," +
+           std::to_string(grid.z) + "), block (" + std::to_string(block.x) + "," +
+           std::to_string(block.y) + "," + std::to_string(block.z) + ")";
+  };
   // sm_90's limits (CUDA C++ Programming Guide, "Technical Specifications per
   // Compute Capability"): 1024 threads a block, block x/y <= 1024, z <= 64;
   // grid x < 2^31, y and z <= 65535.
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > kMaxThreads ||
       block.x > 1024 || block.y > 1024 || block.z > 64 || grid.y > 65535 || grid.z > 65535 ||
       grid.x > 0x7fffffffu)
-    return refuse(cudaErrorInvalidConfiguration, cfg + " is outside sm_90's launch limits");
+    return refuse(cudaErrorInvalidConfiguration, cfg() + " is outside sm_90's launch limits");
   if (smem_bytes > max_smem)
     return refuse(cudaErrorInvalidValue,
                   std::to_string(smem_bytes) + " bytes of dynamic shared memory, above " +
@@ -601,14 +605,14 @@ bool launch_config_ok(const char* name, const void* kernel, dim3 grid, dim3 bloc
   const KernelLimits lim = kernel_limits(name);
   if (lim.max_threads > 0 && threads > static_cast<uint64_t>(lim.max_threads))
     return refuse(cudaErrorLaunchOutOfResources,
-                  cfg + ": " + std::to_string(threads) + " threads, above the kernel's " +
+                  cfg() + ": " + std::to_string(threads) + " threads, above the kernel's " +
                       "__launch_bounds__ of " + std::to_string(lim.max_threads));
   if (lim.registers > 0) {
     const uint64_t per_warp = (uint64_t(lim.registers) * 32 + 255) / 256 * 256;
     const uint64_t regs = per_warp * ((threads + 31) / 32);
     if (regs > 65536)
       return refuse(cudaErrorLaunchOutOfResources,
-                    cfg + ": " + std::to_string(lim.registers) + " registers a thread (ptxas, " +
+                    cfg() + ": " + std::to_string(lim.registers) + " registers a thread (ptxas, " +
                         "sm_90) need " + std::to_string(regs) + " of the SM's 65536");
   }
   return true;

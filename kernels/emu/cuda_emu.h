@@ -462,6 +462,7 @@ void launch_begin(const char* kernel, dim3 grid, dim3 block, const unsigned char
                   size_t dyn_bytes);
 void block_begin(uint32_t serial);
 void block_barrier_done();
+bool checking();  // the running launch is being checked
 void warp_barrier_done(unsigned warp);  // a barrier of every live lane of the warp
 void enter_thread(unsigned linear, const void* stack, size_t stack_bytes);
 void leave_thread();

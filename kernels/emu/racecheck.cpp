@@ -339,17 +339,24 @@ inline void hook(void* addr, unsigned size, bool write, const void* pc) {
   access(a, size, write, pc);
 }
 
-void set_bits(uintptr_t a, size_t n, bool track, bool init, bool value) {
+// What happens to a range of cudaMalloc'd bytes: allocated (tracked, not
+// written), freed (neither), written (by a copy, a set or the GEMM).
+enum class InitOp { kAllocate, kFree, kWrite };
+void set_bits(uintptr_t a, size_t n, InitOp op) {
   while (n) {
     const unsigned off = static_cast<unsigned>(a & (kPageBytes - 1));
     const size_t k = std::min<size_t>(n, kPageBytes - off);
-    InitPage* ip = g_init.find(a, track && value);
-    if (ip) {
+    if (InitPage* ip = g_init.find(a, op == InitOp::kAllocate)) {
       for (unsigned j = off; j < off + k;) {
         const unsigned lo = j & 63, cnt = std::min<unsigned>(64 - lo, static_cast<unsigned>(off + k - j));
         const uint64_t bits = (cnt == 64 ? ~uint64_t{0} : ((uint64_t{1} << cnt) - 1)) << lo;
-        if (track) ip->tracked[j >> 6] = value ? ip->tracked[j >> 6] | bits : ip->tracked[j >> 6] & ~bits;
-        if (init) ip->init[j >> 6] = value ? ip->init[j >> 6] | bits : ip->init[j >> 6] & ~bits;
+        uint64_t &tracked = ip->tracked[j >> 6], &init = ip->init[j >> 6];
+        if (op == InitOp::kWrite) {
+          init |= bits;
+        } else {
+          tracked = op == InitOp::kAllocate ? tracked | bits : tracked & ~bits;
+          init &= ~bits;
+        }
         j += cnt;
       }
     }
@@ -359,6 +366,10 @@ void set_bits(uintptr_t a, size_t n, bool track, bool init, bool value) {
 }
 
 }  // namespace
+
+bool checking() {
+  return g_launch_rc.checking;
+}
 
 bool instrumented() {
   return g_instrumented;
@@ -443,16 +454,15 @@ std::string launch_end() {
 
 void track_alloc(const void* p, size_t n) {
   if (!g_instrumented) return;
-  set_bits(reinterpret_cast<uintptr_t>(p), n, true, true, true);
-  set_bits(reinterpret_cast<uintptr_t>(p), n, false, true, false);  // not written yet
+  set_bits(reinterpret_cast<uintptr_t>(p), n, InitOp::kAllocate);
 }
 void untrack_alloc(const void* p, size_t n) {
   if (!g_instrumented) return;
-  set_bits(reinterpret_cast<uintptr_t>(p), n, true, true, false);
+  set_bits(reinterpret_cast<uintptr_t>(p), n, InitOp::kFree);
 }
 void mark_written(const void* p, size_t n) {
   if (!g_instrumented || !n) return;
-  set_bits(reinterpret_cast<uintptr_t>(p), n, false, true, true);
+  set_bits(reinterpret_cast<uintptr_t>(p), n, InitOp::kWrite);
 }
 
 }  // namespace detail::rc
