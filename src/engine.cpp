@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <map>
 
 #include "barata/error.h"
 #include "barata/kv_calibrate.h"
@@ -24,6 +23,7 @@ Engine::Engine(const Model& model, EngineOptions opts, std::unique_ptr<Backend> 
   if (n_ctx_ > std::numeric_limits<int32_t>::max())
     fail("a context of {} positions is more than {} (positions are 32-bit)", n_ctx_,
          std::numeric_limits<int32_t>::max());
+  blocks_.reserve_bookkeeping(n_ctx_);
   backend_ = std::move(backend);
   if (kv_type_info(kv_layout_.k_type).scaled) {  // kv_calibrate.h
     std::vector<float> scales = calibrate_key_scales(model_, n_ctx_, opts.n_threads, &backend_);
@@ -72,9 +72,9 @@ void Engine::decode(std::span<const int> seqs, std::span<const int32_t> tokens, 
 }
 
 void Engine::forward(Batch& batch, float* logits) {
-  std::vector<KvBlockManager::Copy> copies;
-  plan_batch(batch, blocks_, n_ctx_, model_.config().n_vocab, &copies);
-  if (!copies.empty()) backend_->copy_kv_blocks(copies);
+  copies_.clear();
+  plan_batch(batch, blocks_, n_ctx_, model_.config().n_vocab, &copies_);
+  if (!copies_.empty()) backend_->copy_kv_blocks(copies_);
   run(batch, logits);
 }
 
@@ -88,7 +88,18 @@ void plan_batch(Batch& b, KvBlockManager& blocks, int64_t n_ctx, int64_t n_vocab
     fail("internal: a batch of {} tokens with {} positions, {} sequence ids, {} logit flags", T,
          b.positions.size(), b.seq_ids.size(), b.want_logits.size());
   // Every check first: nothing changes unless the whole batch can run.
-  std::map<int32_t, int64_t> next;  // sequence -> the position its next row must have
+  // The distinct sequences, ascending (the order the tables are laid out in).
+  std::vector<int32_t>& seqs = b.plan_seqs;
+  seqs.assign(b.seq_ids.begin(), b.seq_ids.end());
+  std::sort(seqs.begin(), seqs.end());
+  seqs.erase(std::unique(seqs.begin(), seqs.end()), seqs.end());
+  const auto index_of = [&seqs](int32_t s) {
+    return static_cast<size_t>(std::lower_bound(seqs.begin(), seqs.end(), s) - seqs.begin());
+  };
+  std::vector<int64_t>& next = b.plan_next;  // the position each sequence's next row must have
+  next.assign(seqs.size(), 0);
+  for (size_t i = 0; i < seqs.size(); ++i)
+    if (blocks.exists(seqs[i])) next[i] = blocks.length(seqs[i]);
   for (int64_t t = 0; t < T; ++t) {
     const int32_t s = b.seq_ids[t];
     if (!blocks.exists(s))
@@ -96,17 +107,18 @@ void plan_batch(Batch& b, KvBlockManager& blocks, int64_t n_ctx, int64_t n_vocab
     if (b.tokens[t] < 0 || b.tokens[t] >= n_vocab)
       fail("batch row {}: token id {} is outside the vocabulary (0..{})", t, b.tokens[t],
            n_vocab - 1);
-    auto [it, fresh] = next.try_emplace(s, blocks.length(s));
-    if (b.positions[t] != it->second)
+    int64_t& at = next[index_of(s)];
+    if (b.positions[t] != at)
       fail("batch row {}: position {} of sequence {}, which continues at {}", t, b.positions[t], s,
-           it->second);
+           at);
     if (b.positions[t] >= n_ctx)
       fail("batch row {}: position {} of sequence {} is past the context of {} tokens", t,
            b.positions[t], s, n_ctx);
-    ++it->second;
+    ++at;
   }
   int64_t need = 0;
-  for (const auto& [s, end] : next) need += blocks.blocks_needed(s, end - blocks.length(s));
+  for (size_t i = 0; i < seqs.size(); ++i)
+    need += blocks.blocks_needed(seqs[i], next[i] - blocks.length(seqs[i]));
   if (need > blocks.free_blocks())
     fail(
         "KV cache full: the batch needs {} more blocks of {} tokens, {} of {} are free (raise "
@@ -114,17 +126,22 @@ void plan_batch(Batch& b, KvBlockManager& blocks, int64_t n_ctx, int64_t n_vocab
         need, kKvBlockTokens, blocks.free_blocks(), blocks.max_blocks());
 
   // Accepted: the cache grows, copies on write are made, rows get slots.
-  std::map<int32_t, int32_t> table_at;  // sequence -> offset in each group's tables
+  std::vector<int32_t>& table_at = b.plan_table_at;  // offset in each group's tables
+  table_at.resize(seqs.size());
   b.block_tables.clear();
-  for (const auto& [s, end] : next) {
-    blocks.append(s, end - blocks.length(s), copies);
-    const std::vector<int32_t>& table = blocks.table(s);
-    table_at[s] = static_cast<int32_t>(b.block_tables.size());
+  // Room for every table at its longest, so that a growing batch allocates
+  // only when it gets more sequences.
+  b.block_tables.reserve(seqs.size() * static_cast<size_t>(blocks.n_groups()) *
+                         static_cast<size_t>(blocks.reserved_table_blocks()));
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    blocks.append(seqs[i], next[i] - blocks.length(seqs[i]), copies);
+    const std::vector<int32_t>& table = blocks.table(seqs[i]);
+    table_at[i] = static_cast<int32_t>(b.block_tables.size());
     b.block_tables.insert(b.block_tables.end(), table.begin(), table.end());
   }
   b.group_stride = static_cast<int32_t>(b.block_tables.size());
   for (int g = 1; g < blocks.n_groups(); ++g)
-    for (const auto& [s, end] : next) {
+    for (const int32_t s : seqs) {
       const std::vector<int32_t>& table = blocks.table(s, g);
       b.block_tables.insert(b.block_tables.end(), table.begin(), table.end());
     }
@@ -135,7 +152,7 @@ void plan_batch(Batch& b, KvBlockManager& blocks, int64_t n_ctx, int64_t n_vocab
     BatchRowMeta& r = b.rows[static_cast<size_t>(t)];
     r.seq = b.seq_ids[t];
     r.pos = static_cast<int32_t>(b.positions[t]);
-    r.table = table_at[r.seq];
+    r.table = table_at[index_of(r.seq)];
     r.slot = b.block_tables[static_cast<size_t>(r.table + r.pos / kKvBlockTokens)] *
                  static_cast<int32_t>(kKvBlockTokens) +
              r.pos % static_cast<int32_t>(kKvBlockTokens);

@@ -74,25 +74,39 @@ KvBlockManager::KvBlockManager(int64_t max_blocks, std::vector<int64_t> windows,
   if (keep_back_ < 0) fail("KV cache: keep_back of {} positions", keep_back_);
 }
 
+void KvBlockManager::reserve_bookkeeping(int64_t sequence_tokens) {
+  refcount_.reserve(static_cast<size_t>(max_blocks_));
+  cached_.reserve(static_cast<size_t>(max_blocks_));
+  free_.reserve(static_cast<size_t>(max_blocks_));
+  reserve_blocks_ = (std::max<int64_t>(sequence_tokens, 0) + kBlockTokens - 1) / kBlockTokens + 1;
+}
+
 bool KvBlockManager::has_sliding_groups() const {
   return std::any_of(windows_.begin(), windows_.end(), [](int64_t w) { return w > 0; });
 }
 
-KvBlockManager::SeqBlocks KvBlockManager::fresh_sequence() const {
-  SeqBlocks s;
+void KvBlockManager::make_fresh(SeqBlocks& s) const {
   s.live = true;
+  s.n_tokens = 0;
+  s.released_to = 0;
   s.tables.resize(windows_.size());
-  return s;
+  for (std::vector<int32_t>& t : s.tables) {
+    t.clear();
+    t.reserve(static_cast<size_t>(reserve_blocks_));
+  }
+  s.hashes.clear();
+  if (prefix_on_) s.hashes.reserve(static_cast<size_t>(reserve_blocks_));
 }
 
 int KvBlockManager::new_sequence() {
   for (size_t i = 0; i < seqs_.size(); ++i) {
     if (!seqs_[i].live) {
-      seqs_[i] = fresh_sequence();
+      make_fresh(seqs_[i]);
       return static_cast<int>(i);
     }
   }
-  seqs_.push_back(fresh_sequence());
+  seqs_.emplace_back();
+  make_fresh(seqs_.back());
   return static_cast<int>(seqs_.size() - 1);
 }
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <unordered_set>
 
 namespace barata {
 
@@ -10,21 +9,33 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
-Sampler::Sampler(SamplerOptions opts) : opts_(opts), rng_(opts.seed) {}
+Sampler::Sampler(SamplerOptions opts) : opts_(opts), rng_(opts.seed) {
+  if (opts_.repeat_last_n > 0) recent_.reserve(static_cast<size_t>(opts_.repeat_last_n));
+}
 
 void Sampler::accept(int32_t token) {
   if (opts_.repeat_last_n <= 0) return;
-  recent_.push_back(token);
-  while (static_cast<int>(recent_.size()) > opts_.repeat_last_n) recent_.pop_front();
+  if (recent_.size() < static_cast<size_t>(opts_.repeat_last_n)) {
+    recent_.push_back(token);
+    return;
+  }
+  recent_[recent_head_] = token;  // full: the oldest makes room
+  recent_head_ = (recent_head_ + 1) % recent_.size();
 }
 
 int32_t Sampler::sample(std::span<float> logits) {
   // Repetition penalty (CTRL paper form, as llama.cpp applies it): each token
   // seen in the window once, positive logits divided, negative multiplied.
   if (opts_.repeat_penalty != 1.0f && !recent_.empty()) {
-    std::unordered_set<int32_t> seen(recent_.begin(), recent_.end());
-    for (int32_t t : seen) {
+    if (penalized_at_.size() < logits.size()) penalized_at_.resize(logits.size(), 0);
+    if (++penalty_calls_ == 0) {  // wrapped: no stale mark may equal a new one
+      std::fill(penalized_at_.begin(), penalized_at_.end(), 0);
+      penalty_calls_ = 1;
+    }
+    for (int32_t t : recent_) {
       if (t < 0 || static_cast<size_t>(t) >= logits.size()) continue;
+      if (penalized_at_[static_cast<size_t>(t)] == penalty_calls_) continue;
+      penalized_at_[static_cast<size_t>(t)] = penalty_calls_;
       float& l = logits[static_cast<size_t>(t)];
       l = l > 0.0f ? l / opts_.repeat_penalty : l * opts_.repeat_penalty;
     }
@@ -54,9 +65,14 @@ void sampling_candidates(const SamplerOptions& opts, std::span<const float> logi
   };
   std::partial_sort(cand.begin(), cand.begin() + static_cast<long>(keep), cand.end(), by_logit);
   cand.resize(keep);
+  // Room for the most any cut below keeps, so that later calls allocate nothing.
+  out.ids.reserve(keep);
+  out.w.reserve(keep);
+  out.p.reserve(keep);
 
   // Probabilities at temperature 1 for top-p and min-p.
-  std::vector<float> p(keep);
+  std::vector<float>& p = out.p;
+  p.resize(keep);
   const float mx = cand[0].first;
   double sum = 0.0;
   for (size_t i = 0; i < keep; ++i) sum += p[i] = std::exp(cand[i].first - mx);

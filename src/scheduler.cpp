@@ -123,6 +123,12 @@ int Scheduler::submit(Request r) {
     fail_request(s, "stop strings need a tokenizer");
     return id;
   }
+  // Room for the whole generation up front: a step appends without allocating.
+  s.tokens.reserve(
+      static_cast<size_t>(std::min(n_ctx, s.n_prompt + std::min(s.req.max_tokens, n_ctx))));
+  if (s.decoder)
+    s.text.reserve(static_cast<size_t>(
+        std::min<int64_t>(std::min(s.req.max_tokens, n_ctx) * 8, int64_t{1} << 20)));
   for (int32_t t : s.tokens) s.sampler->accept(t);
   if (s.req.max_tokens == 0) {
     s.status = SeqStatus::kFinished;
@@ -260,12 +266,11 @@ bool Scheduler::emit(Sequence& s, int32_t token) {
   const bool eog = !s.req.ignore_eos && opts_.is_eog && opts_.is_eog(token);
   FinishReason stop = FinishReason::kNone;
   if (s.decoder && !eog) {
-    const std::string piece = s.decoder->push(token);
     // A stop string may straddle pieces: search the new text with enough of the old.
     size_t longest = 0;
     for (const std::string& st : s.req.stop) longest = std::max(longest, st.size());
     const size_t from = s.text.size() > longest ? s.text.size() - longest : 0;
-    s.text += piece;
+    s.decoder->push(token, s.text);
     size_t cut = std::string::npos;
     for (const std::string& st : s.req.stop) {
       if (st.empty()) continue;
@@ -313,9 +318,48 @@ void Scheduler::admit(Sequence& s) {
 }
 
 StepInfo Scheduler::step() {
-  StepInfo info;
+  if (!schedule()) return plan_.info;
+  run_forward();
+  postprocess();
+  return plan_.info;
+}
+
+// Rows per running sequence: decode rows first (and a static batch's
+// padding), then prefill chunks, oldest first, from what is left of the
+// budget. Returns the budget left.
+int64_t Scheduler::plan_running() {
+  std::vector<Work>& work = plan_.work;
+  work.clear();
+  int64_t budget = opts_.max_batch_tokens;
+  for (int id : running_) {  // decode rows and padding
+    Sequence& s = seq(id);
+    if (s.done()) {
+      if (opts_.compute_padding && s.kv >= 0 && budget > 0) {
+        work.push_back({&s, 1, true});
+        --budget;
+      }
+    } else if (s.n_computed + 1 == static_cast<int64_t>(s.tokens.size()) && budget > 0) {
+      work.push_back({&s, 1, false});
+      --budget;
+    }
+  }
+  for (int id : running_) {  // prefill chunks, oldest first
+    Sequence& s = seq(id);
+    const int64_t left = static_cast<int64_t>(s.tokens.size()) - s.n_computed;
+    if (s.done() || left <= 1 || budget <= 0) continue;
+    const int64_t n = std::min(left, budget);
+    work.push_back({&s, n, false});
+    budget -= n;
+  }
+  return budget;
+}
+
+bool Scheduler::schedule() {
+  plan_.info = {};
+  plan_.finished.clear();
+  StepInfo& info = plan_.info;
+  std::vector<Work>& work = plan_.work;
   KvBlockManager& kv = engine_.blocks();
-  const int64_t budget_total = opts_.max_batch_tokens;
   const bool is_static = opts_.policy == BatchPolicy::kStatic;
 
   // Static: the batch ends when every member has finished.
@@ -335,39 +379,8 @@ StepInfo Scheduler::step() {
     }
   }
 
-  // Rows per running sequence: decode rows first, then prefill chunks from
-  // what is left of the budget, then admissions; blocks checked throughout.
-  struct Work {
-    Sequence* s;
-    int64_t n;  // rows
-    bool padding;
-  };
-  std::vector<Work> work;
-  auto plan_running = [&] {
-    work.clear();
-    int64_t budget = budget_total;
-    for (int id : running_) {  // decode rows and padding
-      Sequence& s = seq(id);
-      if (s.done()) {
-        if (opts_.compute_padding && s.kv >= 0 && budget > 0) {
-          work.push_back({&s, 1, true});
-          --budget;
-        }
-      } else if (s.n_computed + 1 == static_cast<int64_t>(s.tokens.size()) && budget > 0) {
-        work.push_back({&s, 1, false});
-        --budget;
-      }
-    }
-    for (int id : running_) {  // prefill chunks, oldest first
-      Sequence& s = seq(id);
-      const int64_t left = static_cast<int64_t>(s.tokens.size()) - s.n_computed;
-      if (s.done() || left <= 1 || budget <= 0) continue;
-      const int64_t n = std::min(left, budget);
-      work.push_back({&s, n, false});
-      budget -= n;
-    }
-    return budget;
-  };
+  // The running sequences' rows, blocks checked: when the pool cannot hold
+  // them, padding goes first, then the youngest sequence is preempted.
   int64_t budget = plan_running();
   for (;;) {
     int64_t need = 0;
@@ -457,11 +470,11 @@ StepInfo Scheduler::step() {
     }
   }
 
-  if (work.empty()) return info;
+  if (work.empty()) return false;
   // Slots: a sequence still generating is busy; a finished member of a
   // static batch is padding, computed or not.
-  int64_t busy = 0, padding_slots = 0;
-  for (int id : running_) (seq(id).done() ? padding_slots : busy) += 1;
+  plan_.busy = plan_.padding_slots = 0;
+  for (int id : running_) (seq(id).done() ? plan_.padding_slots : plan_.busy) += 1;
   info.running = static_cast<int64_t>(running_.size());
 
   batch_.clear();
@@ -485,20 +498,28 @@ StepInfo Scheduler::step() {
     if (s.t_first_token < 0) s.prefill_rows += w.n;
   }
   info.rows = batch_.size();
+  return true;
+}
+
+void Scheduler::run_forward() {
   const int64_t n_logits = batch_.n_logits();
   if (static_cast<int64_t>(logits_.size()) < n_logits * engine_.n_vocab())
     logits_.resize(static_cast<size_t>(n_logits * engine_.n_vocab()));
   const auto t0 = std::chrono::steady_clock::now();
   engine_.forward(batch_, logits_.data());
-  info.ms =
+  plan_.info.ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   ++stats_.steps;
+}
 
-  // Each sequence's new tokens are in the cache; the last row of a finished
-  // prompt (or a decode row) gives its next token.
+// Each sequence's new tokens are in the cache; the last row of a finished
+// prompt (or a decode row) gives its next token.
+void Scheduler::postprocess() {
+  StepInfo& info = plan_.info;
+  KvBlockManager& kv = engine_.blocks();
+  const bool is_static = opts_.policy == BatchPolicy::kStatic;
   int64_t logit_row = 0;
-  std::vector<Sequence*> finished_now;
-  for (const Work& w : work) {
+  for (const Work& w : plan_.work) {
     Sequence& s = *w.s;
     if (w.padding) {
       kv.truncate(s.kv, s.n_computed);  // the padding row is taken back
@@ -514,9 +535,9 @@ StepInfo Scheduler::step() {
     if (on_logits) on_logits(s, lg);
     // The sampled token is not in the cache yet: the next step feeds it.
     const int32_t next = s.sampler->sample(lg);
-    if (emit(s, next)) finished_now.push_back(&s);
+    if (emit(s, next)) plan_.finished.push_back(&s);
   }
-  for (Sequence* s : finished_now) {
+  for (Sequence* s : plan_.finished) {
     ++info.finished;
     if (!is_static) {
       release(*s, true);
@@ -528,10 +549,9 @@ StepInfo Scheduler::step() {
   stats_.decode_rows += info.decode_rows;
   stats_.prefill_rows += info.prefill_rows;
   stats_.padding_rows += info.padding_rows;
-  stats_.busy_slot_steps += busy;
-  stats_.padding_slot_steps += padding_slots;
+  stats_.busy_slot_steps += plan_.busy;
+  stats_.padding_slot_steps += plan_.padding_slots;
   stats_.forward_ms += info.ms;
-  return info;
 }
 
 void Scheduler::run(const std::function<bool()>& keep_going) {

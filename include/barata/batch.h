@@ -39,7 +39,25 @@ struct Batch {
   std::vector<int32_t> logit_rows;  // indices of the rows that want logits, in order
   int64_t max_pos = 0;              // largest position of any row
 
-  void clear() { *this = Batch{}; }
+  // Scratch of plan_batch, kept so that a step allocates nothing once warm:
+  // the batch's distinct sequences in ascending order, the position each
+  // continues at, and its table offset.
+  std::vector<int32_t> plan_seqs;
+  std::vector<int64_t> plan_next;
+  std::vector<int32_t> plan_table_at;
+
+  // Empties the batch and keeps every vector's capacity.
+  void clear() {
+    tokens.clear();
+    positions.clear();
+    seq_ids.clear();
+    want_logits.clear();
+    rows.clear();
+    block_tables.clear();
+    group_stride = 0;
+    logit_rows.clear();
+    max_pos = 0;
+  }
   void add(int32_t token, int64_t pos, int32_t seq, bool logits) {
     tokens.push_back(token);
     positions.push_back(pos);

@@ -103,6 +103,7 @@ class Engine {
   std::unique_ptr<Backend> backend_;
   Counts counts_;
   Batch scratch_batch_;
+  std::vector<KvBlockManager::Copy> copies_;  // forward()'s copies on write, kept warm
   ResidualHook residual_hook_;
   std::vector<float> residual_host_;  // the hook's copy of x on device backends
   StepProgram program_;               // the step, recorded once (step.h)

@@ -124,6 +124,13 @@ class KvBlockManager {
 
   int new_sequence();           // an empty sequence; returns its id
   void free_sequence(int seq);  // releases its blocks
+  // Reserves the bookkeeping of every block of the pool, and gives each new
+  // sequence's tables room for sequence_tokens (the engine passes its
+  // context), so that appends allocate nothing. The engine calls it: it has
+  // allocated the pool's memory already, beside which this is small.
+  void reserve_bookkeeping(int64_t sequence_tokens);
+  // The blocks a table has room for, as reserved (0: none reserved).
+  int64_t reserved_table_blocks() const { return reserve_blocks_; }
   // Keeps the first n tokens. With sliding groups, going back more than
   // keep_back positions behind the window is an Error (their blocks are
   // released): can_truncate says whether it would be; 0 is always allowed.
@@ -218,7 +225,7 @@ class KvBlockManager {
     std::vector<uint64_t> hashes;              // chained hash of each published leading block
     int64_t released_to = 0;                   // sliding groups' blocks below this index are gone
   };
-  SeqBlocks fresh_sequence() const;
+  void make_fresh(SeqBlocks& s) const;  // empty and live, reusing s's capacity
   int64_t blocks_needed(const SeqBlocks& s, int64_t n) const;
   void slide(SeqBlocks& s, int64_t first_needed);
   // A published block: its hash, its parent's and its tokens (checked on a hit).
@@ -249,6 +256,7 @@ class KvBlockManager {
   std::vector<int32_t> free_;      // used ids whose refcount fell to 0
   int64_t n_in_use_ = 0;
   std::vector<SeqBlocks> seqs_;
+  int64_t reserve_blocks_ = 0;  // per table of a new sequence
   bool prefix_on_ = false;
   std::vector<Cached> cached_;                     // per block id ever used
   std::unordered_map<uint64_t, int32_t> by_hash_;  // published blocks

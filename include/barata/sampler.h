@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <random>
 #include <span>
 #include <utility>
@@ -31,6 +30,7 @@ struct SamplingCandidates {
   std::vector<double> w;
   double total = 0.0;
   std::vector<std::pair<float, int32_t>> scratch;  // (logit, id)
+  std::vector<float> p;                            // probabilities at temperature 1
 };
 void sampling_candidates(const SamplerOptions& opts, std::span<const float> logits,
                          SamplingCandidates& out);
@@ -50,7 +50,14 @@ class Sampler {
  private:
   SamplerOptions opts_;
   std::mt19937_64 rng_;
-  std::deque<int32_t> recent_;
+  // The penalty's window, a ring: the last repeat_last_n accepted tokens
+  // end at recent_head_ (oldest first from there once full).
+  std::vector<int32_t> recent_;
+  size_t recent_head_ = 0;
+  // Per vocabulary id, the penalty call that last changed its logit (so
+  // that a token repeated in the window is penalized once).
+  std::vector<uint32_t> penalized_at_;
+  uint32_t penalty_calls_ = 0;
   SamplingCandidates cand_;
 };
 

@@ -156,6 +156,26 @@ class Scheduler {
   double now() const { return opts_.clock(); }
 
  private:
+  // One step in three parts (nano-vllm's shape): schedule() decides the
+  // rows (admission, preemption, chunked prefill) and fills batch_;
+  // run_forward() runs it; postprocess() takes the logits (sampling, stop
+  // strings, text, finish). Their state is plan_, kept between steps so that
+  // a step allocates nothing once warm.
+  struct Work {
+    Sequence* s;
+    int64_t n;  // rows
+    bool padding;
+  };
+  struct StepPlan {
+    std::vector<Work> work;
+    std::vector<Sequence*> finished;
+    StepInfo info;
+    int64_t busy = 0, padding_slots = 0;  // slots doing useful work / padding
+  };
+  bool schedule();  // false: nothing can run this step
+  void run_forward();
+  void postprocess();
+  int64_t plan_running();  // decode rows and prefill chunks of the running; the budget left
   bool admissible(const Sequence& s, bool new_batch) const;
   void admit(Sequence& s);
   void preempt(Sequence& s);
@@ -164,7 +184,6 @@ class Scheduler {
   void release(Sequence& s, bool keep_computed);
   bool emit(Sequence& s, int32_t token);  // true when the sequence stops
   void stream_text(Sequence& s, bool all);
-
   StepEngine& engine_;
   SchedulerOptions opts_;
   Sequence& seq(int id) const;
@@ -175,6 +194,7 @@ class Scheduler {
   std::vector<int> running_;  // ids holding slots, admission order
   SchedulerStats stats_;
   int64_t admit_counter_ = 0;
+  StepPlan plan_;
   Batch batch_;
   std::vector<float> logits_;
 };

@@ -79,6 +79,8 @@ class Tokenizer {
   // tokens give "". May be part of a UTF-8 character. Throws on an id outside
   // [0, n_vocab).
   std::string token_to_piece(int32_t id) const;
+  // The same bytes without a copy; valid while the tokenizer lives.
+  std::string_view piece(int32_t id) const;
 
   // Ids to text as llama.cpp's llama_detokenize(remove_special = false,
   // unparse_special = render_special): pieces concatenated, one leading space
@@ -124,6 +126,9 @@ class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& t) : t_(t) {}
   std::string push(int32_t id);
+  // As push, appending the final text to out (no temporaries: a step's
+  // text costs no allocation once out has room).
+  void push(int32_t id, std::string& out);
   std::string flush();
 
  private:

@@ -620,10 +620,13 @@ void attend(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1, int
   const int64_t hd = a.hd, G = a.group, nq = (t1 - t0) * G;
   const int64_t nqv = (nq + W - 1) / W, qs = nqv * W;  // query lanes, padded
   thread_local Scratch<float> scratch;                 // not std::vector: see dot.h
+  // Sized for the largest item (kAttnMaxQueries queries, or one row's
+  // group): a thread allocates on its first item only, whatever comes after.
+  const int64_t qs_max = (std::max(kAttnMaxQueries, G) + W - 1) / W * W;
   // qt[hd][qs] | s[kTile][qs] | kf[kTile][hd] | vf[kTile][hd] | ot[hd][qs]
   // | m, l, alpha, first, n [qs] each
-  float* buf =
-      scratch.get(static_cast<size_t>(hd * qs + kTile * qs + 2 * kTile * hd + hd * qs + 5 * qs));
+  float* buf = scratch.get(
+      static_cast<size_t>(std::max(qs, qs_max) * (2 * hd + kTile + 5) + 2 * kTile * hd));
   float* qt = buf;
   float* s = qt + hd * qs;
   float* kf = s + kTile * qs;
@@ -649,11 +652,12 @@ void attend(const AttnArgs& a, const int32_t* table, int64_t t0, int64_t t1, int
   int8_t qcodes[kMaxIntHead];
   float qdb[kMaxIntHead / 32];
   if (ik) {
-    int32_t* ib = iscratch.get(static_cast<size_t>(hd * qs / 4 + nb * qs + kTile * hd / 4));
+    const int64_t qm = std::max(qs, qs_max);
+    int32_t* ib = iscratch.get(static_cast<size_t>(hd * qm / 4 + nb * qm + kTile * hd / 4));
     qi = reinterpret_cast<int8_t*>(ib);
     qc = ib + hd * qs / 4;
     kc = reinterpret_cast<uint8_t*>(qc + nb * qs);
-    qd = fscratch.get(static_cast<size_t>(nb * qs + kTile * nb));
+    qd = fscratch.get(static_cast<size_t>(nb * qm + kTile * nb));
     kd = qd + nb * qs;
   }
 

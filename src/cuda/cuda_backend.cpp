@@ -564,6 +564,8 @@ class CudaBackend final : public Backend {
   // Per-batch state.
   const Batch* batch_ = nullptr;
   int64_t rows_ = 0, n_tiles_ = 0;
+  std::vector<int32_t> seqs_scratch_;       // begin()'s
+  std::vector<PrefillTile> tiles_scratch_;  // begin()'s
   bool decode_shape_ = false;
   Grow acts_[static_cast<size_t>(Act::kCount)];
   Grow act_f16_, tile_f16_, workspace_, logits_, meta_, xn_out_;
@@ -813,11 +815,13 @@ void CudaBackend::begin(const Batch& b) {
   ensure_rows(rows_);
 
   // Decode shape: every row its own sequence (one query row per sequence).
-  std::vector<int32_t> seqs(b.seq_ids.begin(), b.seq_ids.end());
+  std::vector<int32_t>& seqs = seqs_scratch_;  // members: a step allocates nothing once warm
+  seqs.assign(b.seq_ids.begin(), b.seq_ids.end());
   std::sort(seqs.begin(), seqs.end());
   decode_shape_ = std::adjacent_find(seqs.begin(), seqs.end()) == seqs.end();
   // Prefill tiles: runs of rows of one sequence, at most kPrefillTileRows each.
-  std::vector<PrefillTile> tiles;
+  std::vector<PrefillTile>& tiles = tiles_scratch_;
+  tiles.clear();
   if (!decode_shape_) {
     for (int64_t t = 0; t < rows_;) {
       int64_t e = t + 1;

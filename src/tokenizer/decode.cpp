@@ -127,6 +127,10 @@ std::string piece_for(const Vocab& v, int32_t id) {
 }  // namespace tok
 
 std::string Tokenizer::token_to_piece(int32_t id) const {
+  return std::string(piece(id));
+}
+
+std::string_view Tokenizer::piece(int32_t id) const {
   if (id < 0 || id >= n_vocab())
     fail("token id {} is outside the vocabulary [0, {})", id, n_vocab());
   return v_->pieces[id];
@@ -150,8 +154,13 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool render_special)
 }
 
 std::string StreamDecoder::push(int32_t id) {
-  pending_ += t_.token_to_piece(id);
   std::string out;
+  push(id, out);
+  return out;
+}
+
+void StreamDecoder::push(int32_t id, std::string& out) {
+  pending_ += t_.piece(id);
   size_t i = 0;
   while (i < pending_.size()) {
     const int k = tok::utf8_complete(std::string_view(pending_).substr(i));
@@ -165,7 +174,6 @@ std::string StreamDecoder::push(int32_t id) {
     }
   }
   pending_.erase(0, i);
-  return out;
 }
 
 std::string StreamDecoder::flush() {
