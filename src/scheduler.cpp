@@ -8,6 +8,7 @@
 
 #include "barata/engine.h"
 #include "barata/error.h"
+#include "barata/speculative.h"
 #include "barata/tokenizer.h"
 
 namespace barata {
@@ -60,6 +61,10 @@ Scheduler::Scheduler(StepEngine& engine, SchedulerOptions opts)
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
   }
+  if (opts_.draft_max < 1 || opts_.draft_max > 64)
+    fail("scheduler: --draft-max {} is outside [1, 64]", opts_.draft_max);
+  if (opts_.draft_min < 0 || opts_.draft_min > 64)
+    fail("scheduler: --draft-min {} is outside [0, 64]", opts_.draft_min);
   engine_.blocks().set_prefix_caching(opts_.prefix_cache);
   logits_.resize(static_cast<size_t>(engine_.n_vocab()));
 }
@@ -123,6 +128,16 @@ int Scheduler::submit(Request r) {
     fail_request(s, "stop strings need a tokenizer");
     return id;
   }
+  if (opts_.drafter_for) {
+    if (std::unique_ptr<Drafter> d = opts_.drafter_for(s.req)) {
+      if (s.sampler->options().repeat_penalty != 1.0f) {
+        fail_request(s, fmt::format("speculative decoding does not take a repetition penalty ({})",
+                                    s.sampler->options().repeat_penalty));
+        return id;
+      }
+      s.spec = std::make_shared<SpecSlot>(std::move(d), s.sampler->options().seed);
+    }
+  }
   // Room for the whole generation up front: a step appends without allocating.
   s.tokens.reserve(
       static_cast<size_t>(std::min(n_ctx, s.n_prompt + std::min(s.req.max_tokens, n_ctx))));
@@ -157,6 +172,7 @@ void Scheduler::fail_request(Sequence& s, std::string why) {
   s.status = SeqStatus::kFailed;
   s.finish = FinishReason::kError;
   s.error = std::move(why);
+  s.spec.reset();
   s.t_finished = std::max(now(), s.req.arrival_s);
   ++stats_.failed;
   if (on_finish) on_finish(s);
@@ -178,6 +194,7 @@ void Scheduler::release(Sequence& s, bool keep_computed) {
 void Scheduler::finish(Sequence& s, FinishReason r) {
   s.status = SeqStatus::kFinished;
   s.finish = r;
+  s.spec.reset();  // the drafter and its cache go now (a verify in flight holds its own reference)
   s.t_last_token = s.t_finished = now();
   s.step_finished = stats_.steps;
   if (s.decoder) {
@@ -470,6 +487,32 @@ bool Scheduler::schedule() {
     }
   }
 
+  // Drafts last, from what the budget and the pool have left: speculation
+  // never delays a prompt or another sequence's token.
+  if (opts_.drafter_for) {
+    for (Work& w : work) {
+      Sequence& s = *w.s;
+      if (w.padding || !s.spec || w.n != 1 || s.t_first_token < 0 ||
+          s.n_computed + 1 != static_cast<int64_t>(s.tokens.size()))
+        continue;
+      s.spec->draft.tokens.clear();
+      s.spec->draft.q.clear();
+      if (budget <= 0) continue;
+      draft(s, budget);
+      int g = static_cast<int>(s.spec->draft.tokens.size());
+      const int64_t one = kv.blocks_needed(s.kv, 1);
+      while (g > 0 && planned + kv.blocks_needed(s.kv, 1 + g) - one > kv.free_blocks()) --g;
+      if (g < std::max(opts_.draft_min, 1)) g = 0;
+      s.spec->draft.tokens.resize(static_cast<size_t>(g));
+      if (!s.spec->draft.q.empty()) s.spec->draft.q.resize(static_cast<size_t>(g));
+      if (g == 0) continue;
+      planned += kv.blocks_needed(s.kv, 1 + g) - one;
+      budget -= g;
+      w.n = 1 + g;
+      w.g = g;
+    }
+  }
+
   if (work.empty()) return false;
   // Slots: a sequence still generating is busy; a finished member of a
   // static batch is padding, computed or not.
@@ -483,6 +526,14 @@ bool Scheduler::schedule() {
     if (w.padding) {
       batch_.add(s.tokens[static_cast<size_t>(s.n_computed)], s.n_computed, s.kv, true);
       ++info.padding_rows;
+      continue;
+    }
+    if (w.g > 0) {  // a verify chunk: the last token and the drafts, every row's logits
+      batch_.add(s.tokens.back(), s.n_computed, s.kv, true);
+      for (int i = 0; i < w.g; ++i)
+        batch_.add(s.spec->draft.tokens[static_cast<size_t>(i)], s.n_computed + 1 + i, s.kv, true);
+      ++info.decode_rows;
+      info.draft_rows += w.g;
       continue;
     }
     for (int64_t i = 0; i < w.n; ++i) {
@@ -526,6 +577,12 @@ void Scheduler::postprocess() {
       ++logit_row;
       continue;
     }
+    if (w.g > 0) {
+      const float* lg = logits_.data() + logit_row * engine_.n_vocab();
+      logit_row += w.g + 1;
+      if (verify(s, w.g, lg)) plan_.finished.push_back(&s);
+      continue;
+    }
     s.n_computed += w.n;
     kv.publish(s.kv, s.tokens);
     if (s.n_computed != static_cast<int64_t>(s.tokens.size())) continue;
@@ -533,8 +590,10 @@ void Scheduler::postprocess() {
                         static_cast<size_t>(engine_.n_vocab()));
     ++logit_row;
     if (on_logits) on_logits(s, lg);
-    // The sampled token is not in the cache yet: the next step feeds it.
-    const int32_t next = s.sampler->sample(lg);
+    // The sampled token is not in the cache yet: the next step feeds it. A
+    // speculating sequence draws every token as its verify passes do.
+    const int32_t next =
+        s.spec ? spec_choose(s.sampler->options(), lg, *s.spec) : s.sampler->sample(lg);
     if (emit(s, next)) plan_.finished.push_back(&s);
   }
   for (Sequence* s : plan_.finished) {
@@ -549,9 +608,74 @@ void Scheduler::postprocess() {
   stats_.decode_rows += info.decode_rows;
   stats_.prefill_rows += info.prefill_rows;
   stats_.padding_rows += info.padding_rows;
+  stats_.draft_rows += info.draft_rows;
+  stats_.accepted += info.accepted;
   stats_.busy_slot_steps += plan_.busy;
   stats_.padding_slot_steps += plan_.padding_slots;
   stats_.forward_ms += info.ms;
+}
+
+// Up to max_g tokens continuing s (fewer near max_tokens and the context's
+// end). A drafter that fails (a draft model's full pool) proposes nothing.
+void Scheduler::draft(Sequence& s, int64_t max_g) {
+  SpecSlot& sp = *s.spec;
+  const int64_t L = static_cast<int64_t>(s.tokens.size());
+  const int64_t left = s.req.max_tokens - static_cast<int64_t>(s.output().size());
+  const int64_t gamma =
+      std::min({static_cast<int64_t>(opts_.draft_max), max_g, left - 1, engine_.n_ctx() - L});
+  if (gamma <= 0) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    sp.drafter->propose(s.tokens, static_cast<int>(gamma), sp.draft);
+  } catch (const Error& e) {
+    spdlog::debug("sequence {}: the drafter proposed nothing: {}", s.id, e.what());
+    sp.draft.tokens.clear();
+    sp.draft.q.clear();
+  }
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  sp.draft_ms += ms;
+  stats_.draft_ms += ms;
+  if (static_cast<int64_t>(sp.draft.tokens.size()) > gamma) {
+    sp.draft.tokens.resize(static_cast<size_t>(gamma));
+    if (!sp.draft.q.empty()) sp.draft.q.resize(static_cast<size_t>(gamma));
+  }
+}
+
+// The verify chunk's g + 1 rows of logits: the agreeing drafts and the
+// target's own token are kept, the cache is cut back behind them (rejection
+// is a truncation), and each kept token is emitted in turn until one stops
+// the sequence.
+bool Scheduler::verify(Sequence& s, int g, const float* logits) {
+  const std::shared_ptr<SpecSlot> hold = s.spec;  // finish() drops s.spec
+  SpecSlot& sp = *hold;
+  KvBlockManager& kv = engine_.blocks();
+  const int64_t nv = engine_.n_vocab();
+  const int64_t L = static_cast<int64_t>(s.tokens.size());
+  int32_t next = -1;
+  const int k = spec_verify(s.sampler->options(), logits, nv, sp, &next);
+  kv.truncate(s.kv, L + k);  // the context and the kept drafts
+  s.n_computed = L + k;
+  sp.drafted += g;
+  sp.accepted += k;
+  ++sp.verify_passes;
+  ++stats_.verify_passes;
+  plan_.info.accepted += k;
+  bool stopped = false;
+  for (int i = 0; i <= k && !stopped; ++i) {
+    if (on_logits)
+      on_logits(s, std::span<const float>(logits + static_cast<size_t>(i) * static_cast<size_t>(nv),
+                                          static_cast<size_t>(nv)));
+    stopped = emit(s, i < k ? sp.draft.tokens[static_cast<size_t>(i)] : next);
+  }
+  // Stopped early: the cache holds no more than the tokens before the last.
+  const int64_t held = static_cast<int64_t>(s.tokens.size()) - 1;
+  if (s.n_computed > held) {
+    kv.truncate(s.kv, held);
+    s.n_computed = held;
+  }
+  kv.publish(s.kv, s.tokens);
+  return stopped;
 }
 
 void Scheduler::run(const std::function<bool()>& keep_going) {

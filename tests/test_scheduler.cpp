@@ -13,6 +13,7 @@
 #include "barata/error.h"
 #include "barata/model.h"
 #include "barata/scheduler.h"
+#include "barata/speculative.h"
 #include "barata/tokenizer.h"
 #include "test_util.h"
 
@@ -396,6 +397,116 @@ TEST(Scheduler, UsageErrors) {
 
 // ---- the real engine ---------------------------------------------------------
 
+// ---- speculative decoding as a mode of the step ------------------------------
+
+// A drafter that knows the answer: it proposes the plain run's next tokens
+// but gets every wrong_every-th proposed token wrong, so that verify passes
+// keep some drafts and reject others.
+class OracleDrafter final : public Drafter {
+ public:
+  OracleDrafter(std::vector<int32_t> full, int wrong_every)
+      : full_(std::move(full)), wrong_every_(wrong_every) {}
+  void propose(std::span<const int32_t> ctx, int n, Draft& out) override {
+    out.tokens.clear();
+    out.q.clear();
+    for (int i = 0; i < n; ++i) {
+      const size_t at = ctx.size() + static_cast<size_t>(i);
+      if (at >= full_.size()) break;
+      int32_t t = full_[at];
+      if (++proposed_ % wrong_every_ == 0) t = t == 1 ? 2 : 1;
+      out.tokens.push_back(t);
+    }
+  }
+  std::string describe() const override { return "oracle"; }
+  bool uses_model() const override { return false; }
+
+ private:
+  std::vector<int32_t> full_;
+  int wrong_every_;
+  int64_t proposed_ = 0;
+};
+
+// Request i's drafter knows its plain answer (alone[i]); odd requests decode
+// plainly, so speculating and plain sequences share the steps.
+SchedulerOptions oracle_options(const std::vector<Request>& rs, const Outputs& alone,
+                                bool every_request = false) {
+  SchedulerOptions o;
+  o.drafter_for = [&rs, &alone, every_request](const Request& r) -> std::unique_ptr<Drafter> {
+    const int i = std::stoi(r.id);
+    if (!every_request && i % 2 == 1) return nullptr;
+    std::vector<int32_t> full = rs[static_cast<size_t>(i)].prompt;
+    full.insert(full.end(), alone[static_cast<size_t>(i)].begin(),
+                alone[static_cast<size_t>(i)].end());
+    return std::make_unique<OracleDrafter>(std::move(full), 3 + i % 3);
+  };
+  o.draft_max = 5;
+  return o;
+}
+
+std::vector<Request> named(std::vector<Request> rs) {
+  for (size_t i = 0; i < rs.size(); ++i) rs[i].id = std::to_string(i);
+  return rs;
+}
+
+TEST(SchedulerSpec, VerifyChunksKeepThePlainIdsAtAnySlotsAndBudget) {
+  const auto rs = named(mixed_requests());
+  const Outputs alone = run_alone(rs, [] { return fake(); });
+  for (int slots : {1, 3, 8}) {
+    for (int64_t budget : {1, 7, 512}) {
+      FakeEngine e(256);
+      SchedulerOptions o = oracle_options(rs, alone);
+      o.slots = slots;
+      o.max_batch_tokens = budget;
+      SchedulerStats st;
+      EXPECT_EQ(run_all(e, rs, o, &st), alone) << slots << " slots, budget " << budget;
+      if (budget == 1) {
+        EXPECT_EQ(st.draft_rows, 0) << "a budget of one row leaves nothing for drafts";
+        continue;
+      }
+      EXPECT_GT(st.accepted, 0) << slots << " slots, budget " << budget << ": " << st.draft_rows
+                                << " drafted, " << st.verify_passes << " passes";
+      if (budget == 512) EXPECT_GT(st.draft_rows, st.accepted) << "some drafts were rejected";
+      EXPECT_EQ(e.blocks().blocks_in_use(), 0);
+      if (slots == 8 && budget == 512)
+        EXPECT_TRUE(std::find(e.mixed.begin(), e.mixed.end(), true) != e.mixed.end())
+            << "a verify chunk rode with other sequences' rows";
+    }
+  }
+}
+
+TEST(SchedulerSpec, PreemptionAndAStaticBatchWhileSpeculatingChangeNothing) {
+  const auto rs = named(mixed_requests());
+  const Outputs alone = run_alone(rs, [] { return fake(); });
+  for (BatchPolicy policy : {BatchPolicy::kContinuous, BatchPolicy::kStatic}) {
+    FakeEngine e(10);  // as PreemptionRecomputesAndChangesNothing: preemption
+    SchedulerOptions o = oracle_options(rs, alone, /*every_request=*/true);
+    o.policy = policy;
+    o.slots = 6;
+    SchedulerStats st;
+    EXPECT_EQ(run_all(e, rs, o, &st), alone) << policy_name(policy);
+    EXPECT_GT(st.preemptions, 0) << policy_name(policy);
+    EXPECT_GT(st.accepted, 0) << policy_name(policy);
+    EXPECT_EQ(e.blocks().blocks_in_use(), 0);
+  }
+}
+
+TEST(SchedulerSpec, ARepetitionPenaltyFailsTheSpeculatingRequestAlone) {
+  const auto rs = named(mixed_requests());
+  const Outputs alone = run_alone(rs, [] { return fake(); });
+  FakeEngine e(256);
+  Scheduler s(e, oracle_options(rs, alone));
+  Request bad = rs[0];
+  bad.sampling.repeat_penalty = 1.1f;
+  const int a = s.submit(bad);
+  const int b = s.submit(rs[2]);
+  s.run();
+  EXPECT_EQ(s.sequence(a).status, SeqStatus::kFailed);
+  EXPECT_NE(s.sequence(a).error.find("repetition penalty"), std::string::npos)
+      << s.sequence(a).error;
+  EXPECT_EQ(std::vector<int32_t>(s.sequence(b).output().begin(), s.sequence(b).output().end()),
+            alone[2]);
+}
+
 struct Tiny {
   Model model = Model::load(test::tiny_model("stories260K.gguf"));
   std::unique_ptr<Engine> engine(int64_t kv_tokens) {
@@ -505,6 +616,71 @@ TEST(SchedulerEngine, StopStringsCutTheTextAndEndTheRequest) {
   EXPECT_EQ(streamed2, q.text) << "nothing of the stop string was streamed";
   EXPECT_LT(q.output().size(), free_run.sequence(a).output().size());
   EXPECT_EQ(e.blocks().blocks_in_use(), 0);
+}
+
+// Greedy speculative decoding in the step, on the real engine: n-gram
+// lookup and the model as its own draft (a ModelDrafter per sequence on a
+// second engine whose pool holds every slot's context) give the plain ids,
+// at one slot and at four, with a small budget too.
+TEST(SchedulerSpec, LookupAndModelDraftsGiveThePlainIdsOnTheTinyModel) {
+  Tiny tiny;
+  auto rs = tiny_requests();
+  for (auto& r : rs) r.max_tokens = 24;
+  const Outputs alone =
+      run_alone(rs, [&] { return std::make_unique<EngineOwner>(tiny.engine(256)); });
+  Engine draft(tiny.model, EngineOptions{.n_threads = 1, .n_ctx = 256, .cache_tokens = 4 * 256});
+  for (const char* kind : {"lookup", "model"}) {
+    for (int slots : {1, 4}) {
+      for (int64_t budget : {9, 512}) {
+        EngineOwner e(tiny.engine(4096));
+        SchedulerOptions o;
+        o.slots = slots;
+        o.max_batch_tokens = budget;
+        o.draft_max = 4;
+        const bool model = std::string(kind) == "model";
+        o.drafter_for = [&](const Request& r) -> std::unique_ptr<Drafter> {
+          if (model)
+            return std::make_unique<ModelDrafter>(draft, ModelDrafterOptions{r.sampling}, "self");
+          return std::make_unique<LookupDrafter>(3, 1);
+        };
+        SchedulerStats st;
+        EXPECT_EQ(run_all(e, rs, o, &st), alone)
+            << kind << ", " << slots << " slots, budget " << budget;
+        EXPECT_GT(st.accepted, 0) << kind;
+        if (model) EXPECT_EQ(st.accepted, st.draft_rows) << "its own draft is always right";
+        EXPECT_EQ(e.blocks().blocks_in_use(), 0);
+        EXPECT_EQ(draft.blocks().blocks_in_use(), 0) << "each drafter freed its sequence";
+      }
+    }
+  }
+}
+
+// Cancelling speculating sequences between steps (as the server does when a
+// client goes away) frees their blocks in the target's pool and, with their
+// drafters, in the draft model's.
+TEST(SchedulerSpec, CancelFreesTheTargetsAndTheDraftsBlocks) {
+  Tiny tiny;
+  auto rs = tiny_requests();
+  Engine draft(tiny.model, EngineOptions{.n_threads = 1, .n_ctx = 256, .cache_tokens = 4 * 256});
+  EngineOwner e(tiny.engine(4096));
+  SchedulerOptions o;
+  o.slots = 4;
+  o.drafter_for = [&](const Request& r) -> std::unique_ptr<Drafter> {
+    return std::make_unique<ModelDrafter>(draft, ModelDrafterOptions{r.sampling}, "self");
+  };
+  Scheduler s(e, o);
+  for (auto& r : rs) {
+    r.max_tokens = 200;
+    s.submit(r);
+  }
+  int64_t accepted = 0;
+  for (int i = 0; i < 6; ++i) accepted += s.step().accepted;
+  EXPECT_GT(accepted, 0) << "the sequences were speculating";
+  EXPECT_GT(draft.blocks().blocks_in_use(), 0);
+  for (int64_t id = 0; id < s.n_sequences(); ++id) s.cancel(static_cast<int>(id));
+  EXPECT_TRUE(s.idle());
+  EXPECT_EQ(e.blocks().blocks_in_use(), 0);
+  EXPECT_EQ(draft.blocks().blocks_in_use(), 0);
 }
 
 TEST(SchedulerEngine, StopStringsWithoutATokenizerFailTheRequest) {

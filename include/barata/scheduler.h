@@ -32,6 +32,7 @@
 namespace barata {
 
 class Engine;
+class Drafter;
 
 // What the scheduler drives: a KV block manager and a forward call over it.
 // Engine is one (EngineSteps below); tests drive a fake.
@@ -77,21 +78,37 @@ struct SchedulerOptions {
   // Static batching only: padding rows (finished slots of the batch) are
   // computed like the others, as a padded static batch does, and counted.
   bool compute_padding = true;
+  // Speculative decoding as a mode of the step: a drafter for a request
+  // (null, or a null result: it decodes plainly). A running sequence with
+  // one drafts up to draft_max tokens (fewer near max_tokens and the
+  // context's end; fewer than draft_min: a plain row) and its verify rows
+  // ride in the step's batch beside other sequences' rows. Greedy output is
+  // the target's own; sampled output keeps its distribution (Leviathan et
+  // al.). Drafts are the first thing given up when the budget or the pool is
+  // short: never a preemption for them.
+  std::function<std::unique_ptr<Drafter>(const Request&)> drafter_for;
+  int draft_max = 8;
+  int draft_min = 0;
 };
 
 // What one step did.
 struct StepInfo {
-  int64_t rows = 0, decode_rows = 0, prefill_rows = 0, padding_rows = 0;
-  int64_t running = 0;  // sequences holding a slot during the step (padding included)
+  // rows = decode + prefill + padding + draft rows; a verify chunk counts
+  // one decode row and its drafted tokens' rows.
+  int64_t rows = 0, decode_rows = 0, prefill_rows = 0, padding_rows = 0, draft_rows = 0;
+  int64_t accepted = 0;  // drafted tokens kept
+  int64_t running = 0;   // sequences holding a slot during the step (padding included)
   int64_t admitted = 0, finished = 0, preempted = 0;
   double ms = 0;  // the forward call
 };
 
 struct SchedulerStats {
   int64_t steps = 0;
-  int64_t rows = 0, decode_rows = 0, prefill_rows = 0, padding_rows = 0;
-  int64_t busy_slot_steps = 0;     // sum over steps of sequences doing useful work
-  int64_t padding_slot_steps = 0;  // static: finished sequences kept in the batch
+  int64_t rows = 0, decode_rows = 0, prefill_rows = 0, padding_rows = 0, draft_rows = 0;
+  int64_t accepted = 0, verify_passes = 0;  // drafted tokens kept; verify chunks
+  double draft_ms = 0;                      // in the drafters' propose
+  int64_t busy_slot_steps = 0;              // sum over steps of sequences doing useful work
+  int64_t padding_slot_steps = 0;           // static: finished sequences kept in the batch
   int64_t preemptions = 0;
   int64_t prompt_tokens = 0;      // over admitted requests (first admission)
   int64_t prefix_hit_tokens = 0;  // prompt tokens taken from the prefix cache
@@ -163,8 +180,9 @@ class Scheduler {
   // a step allocates nothing once warm.
   struct Work {
     Sequence* s;
-    int64_t n;  // rows
+    int64_t n;  // rows (a verify chunk's: 1 + its drafted tokens)
     bool padding;
+    int g = 0;  // drafted tokens verified (a verify chunk)
   };
   struct StepPlan {
     std::vector<Work> work;
@@ -176,6 +194,8 @@ class Scheduler {
   void run_forward();
   void postprocess();
   int64_t plan_running();  // decode rows and prefill chunks of the running; the budget left
+  void draft(Sequence& s, int64_t max_g);  // a decode-ready speculating sequence's proposal
+  bool verify(Sequence& s, int g, const float* logits);  // true when it stops
   bool admissible(const Sequence& s, bool new_batch) const;
   void admit(Sequence& s);
   void preempt(Sequence& s);

@@ -17,6 +17,8 @@
 
 namespace barata {
 
+struct SpecSlot;  // speculative.h
+
 struct Request {
   std::string id;                 // a caller's name for it (JSONL "id"), may be empty
   std::vector<int32_t> prompt;    // token ids, BOS included when wanted
@@ -80,6 +82,9 @@ struct Sequence {
   double ttft_s() const { return t_first_token - req.arrival_s; }
 
   std::unique_ptr<StreamDecoder> decoder;  // with a tokenizer
+  // Speculative decoding's state while it runs (SchedulerOptions::drafter_for);
+  // dropped, with its drafter and the drafter's cache, when it finishes.
+  std::shared_ptr<SpecSlot> spec;
 };
 
 }  // namespace barata

@@ -174,6 +174,31 @@ SpecResult speculative_generate(Engine& target, Drafter& drafter, std::span<cons
                                 const SpeculativeOptions& opts,
                                 const std::function<bool(int32_t)>& on_token = {});
 
+// One sequence's speculative decoding inside the scheduler (the step's
+// mode: SchedulerOptions::drafter_for gives a request its drafter). The
+// drafter proposes in schedule(); the verify rows [last, d1..dg] are a
+// chunk of the step's batch that wants every row's logits; postprocess keeps
+// the agreeing prefix and the target's own token (greedy: argmax; sampled:
+// Leviathan's rule with this rng) and truncates the cache behind them.
+struct SpecSlot {
+  SpecSlot(std::unique_ptr<Drafter> d, uint64_t seed) : drafter(std::move(d)), rng(seed) {}
+  std::unique_ptr<Drafter> drafter;
+  Draft draft;  // this step's proposal (empty: a plain row)
+  std::mt19937_64 rng;
+  SamplingCandidates cand;
+  Draft::Dist p;
+  int64_t drafted = 0, accepted = 0, verify_passes = 0;
+  double draft_ms = 0;
+};
+// The target's token for one row of logits, as speculative decoding draws
+// it: argmax when greedy, else a draw from the sampling distribution.
+int32_t spec_choose(const SamplerOptions& o, std::span<const float> logits, SpecSlot& slot);
+// Keeps the longest prefix of slot.draft the target agrees with, given the
+// g + 1 rows of verify logits (row i follows draft token i - 1); returns
+// how many drafted tokens are kept and sets *next to the target's own token.
+int spec_verify(const SamplerOptions& o, const float* logits, int64_t n_vocab, SpecSlot& slot,
+                int32_t* next);
+
 // The expected tokens per verify pass, (1 - alpha^(gamma+1)) / (1 - alpha).
 double expected_tokens_per_verify(double alpha, int gamma);
 // The reference text's predicted speedup: expected tokens / (gamma c + 1).

@@ -220,6 +220,44 @@ double predicted_speedup(double alpha, int gamma, double c, double v) {
   return expected_tokens_per_verify(alpha, gamma) / (gamma * c + v);
 }
 
+// ---- the scheduler's speculative mode -----------------------------------------
+
+int32_t spec_choose(const SamplerOptions& o, std::span<const float> logits, SpecSlot& slot) {
+  if (o.temperature <= 0.0f) return argmax(logits);
+  distribution(o, logits, slot.cand, slot.p);
+  return draw(slot.p, slot.rng);
+}
+
+int spec_verify(const SamplerOptions& o, const float* logits, int64_t n_vocab, SpecSlot& slot,
+                int32_t* next) {
+  const bool greedy = o.temperature <= 0.0f;
+  const size_t nv = static_cast<size_t>(n_vocab);
+  const Draft& d = slot.draft;
+  const int g = static_cast<int>(d.tokens.size());
+  for (int k = 0; k < g; ++k) {
+    const std::span<const float> row(logits + static_cast<size_t>(k) * nv, nv);
+    const int32_t x = d.tokens[static_cast<size_t>(k)];
+    if (greedy) {
+      const int32_t t = argmax(row);
+      if (t != x) {
+        *next = t;
+        return k;
+      }
+    } else {
+      distribution(o, row, slot.cand, slot.p);
+      bool ok = false;
+      const int32_t t = speculative_accept(
+          slot.p, d.q.empty() ? nullptr : &d.q[static_cast<size_t>(k)], x, slot.rng, &ok);
+      if (!ok) {
+        *next = t;
+        return k;
+      }
+    }
+  }
+  *next = spec_choose(o, std::span<const float>(logits + static_cast<size_t>(g) * nv, nv), slot);
+  return g;  // every drafted token kept, and the bonus token
+}
+
 // ---- drafters ---------------------------------------------------------------
 
 ModelDrafter::ModelDrafter(Engine& engine, ModelDrafterOptions opts, std::string name)
