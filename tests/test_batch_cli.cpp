@@ -128,6 +128,37 @@ TEST(BatchCli, BothPoliciesGiveTheIdsOfRun) {
   }
 }
 
+// Speculative decoding in the batch: n-gram lookup, the model as its own
+// draft, and its quantized self give every request the plain ids, while
+// speculating sequences share each step with the others.
+TEST(BatchCli, SpeculativeDraftsGiveThePlainIds) {
+  REQUIRE_MODEL();
+  test::TempDir dir;
+  write_text(dir / "reqs.jsonl", jsonl(kRequests));
+  const std::string base = "batch" + batch_flags() + " --requests " +
+                           (dir / "reqs.jsonl").string() + " --slots 3 --json";
+  const Result plain = cli(base);
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  const json p = policy(json::parse(plain.out), "continuous");
+  ASSERT_TRUE(p.is_object());
+  EXPECT_EQ(p["speculative"]["verify_passes"], 0);
+  for (const std::string flags :
+       {std::string(" --lookup 3"), " --draft " + stories().string() + " --draft-max 4",
+        std::string(" --draft-self q8_0")}) {
+    SCOPED_TRACE(flags);
+    const Result r = cli(base + flags);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.err.find("speculative"), std::string::npos) << r.err;
+    const json s = policy(json::parse(r.out), "continuous");
+    ASSERT_TRUE(s.is_object());
+    EXPECT_GT(s["speculative"]["accepted"].get<int64_t>(), 0);
+    for (size_t i = 0; i < kRequests.size(); ++i)
+      EXPECT_EQ(s["per_request"][i]["output_ids"], p["per_request"][i]["output_ids"]) << i;
+  }
+  const Result bad = cli(base + " --lookup 3 --draft-auto");
+  EXPECT_NE(bad.status, 0) << "batch has a fixed gamma: --draft-auto is not a batch flag";
+}
+
 TEST(BatchCli, PrefixCacheHitsWithoutChangingIds) {
   REQUIRE_MODEL();
   test::TempDir dir;

@@ -21,6 +21,7 @@
 #include "barata/error.h"
 #include "barata/model.h"
 #include "barata/scheduler.h"
+#include "barata/speculative.h"
 #include "barata/server.h"
 #include "barata/tokenizer.h"
 #include "server/http_front.h"
@@ -200,6 +201,48 @@ TEST(Server, CompletionMatchesTheSchedulerAloneAndStreams) {
   }
   EXPECT_EQ(joined, text);
   EXPECT_EQ(finish, j["choices"][0]["finish_reason"].get<std::string>());
+}
+
+// Speculative decoding per slot: concurrent greedy completions, some
+// drafting and one too short to draft, reply with the plain text, and every
+// block is back when they are done.
+TEST(Server, SpeculativeRepliesEqualPlain) {
+  Model draft_model = Model::load(stories());
+  Engine draft(draft_model, {.n_threads = 1, .n_ctx = 128, .cache_tokens = 4 * 128});
+  for (const char* kind : {"lookup", "model"}) {
+    SCOPED_TRACE(kind);
+    ServerOptions o;
+    const bool model = std::string(kind) == "model";
+    o.drafter_for = [&draft, model](const Request& r) -> std::unique_ptr<Drafter> {
+      if (model)
+        return std::make_unique<ModelDrafter>(draft, ModelDrafterOptions{r.sampling}, "self");
+      return std::make_unique<LookupDrafter>(3, 1);
+    };
+    o.draft_max = 4;
+    TestServer s(stories(), o);
+    const std::vector<std::pair<std::string, int>> asks = {{"Once upon a time", 40},
+                                                           {"The cat sat on the mat", 1},
+                                                           {"Lily and Tom", 30},
+                                                           {"One day, a little bird", 25}};
+    std::vector<std::string> got(asks.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < asks.size(); ++i)
+      clients.emplace_back([&, i] {
+        httplib::Client c = s.client();
+        auto r =
+            post(c, "/v1/completions",
+                 {{"prompt", asks[i].first}, {"max_tokens", asks[i].second}, {"temperature", 0}});
+        if (r && r->status == 200) got[i] = json::parse(r->body)["choices"][0]["text"];
+      });
+    for (auto& t : clients) t.join();
+    for (size_t i = 0; i < asks.size(); ++i) {
+      const std::vector<int32_t> ids = s.tok.encode(asks[i].first, s.tok.add_bos_default(), false);
+      EXPECT_EQ(got[i], alone(stories(), ids, asks[i].second)) << asks[i].first;
+    }
+    EXPECT_GT(s.metric("barata_speculative_accepted_tokens_total"), 0);
+    EXPECT_EQ(s.metric("barata_kv_blocks_used"), 0);
+    EXPECT_EQ(draft.blocks().blocks_in_use(), 0);
+  }
 }
 
 TEST(Server, ChatStreamsDeltasEndsWithUsageAndDone) {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,10 +19,12 @@
 
 #include "barata/chat_template.h"
 #include "barata/sampler.h"
+#include "barata/sequence.h"
 
 namespace barata {
 
 class Engine;
+class Drafter;
 class Tokenizer;
 
 struct ServerOptions {
@@ -51,6 +54,9 @@ struct ServerOptions {
   // The chat template; null: /v1/chat/completions answers 400.
   std::optional<ChatFamily> chat_family;
   std::string default_system;  // inserted when a conversation has no system message
+  // Speculative decoding per request (SchedulerOptions::drafter_for); null: none.
+  std::function<std::unique_ptr<Drafter>(const Request&)> drafter_for;
+  int draft_max = 8, draft_min = 0;
 };
 
 class Server {
@@ -66,6 +72,10 @@ class Server {
   // The chat template and default system prompt, when they are known only
   // once the model is loaded (before serve()).
   void set_chat(std::optional<ChatFamily> family, std::string default_system);
+  // The drafter of each request, when it is known only once the model is
+  // loaded (before serve()).
+  void set_drafter(std::function<std::unique_ptr<Drafter>(const Request&)> drafter_for,
+                   int draft_max, int draft_min);
   // Runs the engine loop in this thread until shutdown() and the drain are
   // over, then stops the HTTP side. The engine's KV pool must be empty.
   void serve(Engine& engine, const Tokenizer& tok);

@@ -158,6 +158,7 @@ struct Server::Impl {
   int64_t queue_depth = 0, slots_in_use = 0, kv_used = 0, kv_total = 0, kv_cached = 0;
   int64_t kv_block_bytes = 0, kv_token_bytes = 0;  // in the cache's types (-ctk/-ctv)
   int64_t prefix_hit_tokens = 0, prefix_lookups = 0, prefix_hit_blocks = 0, steps = 0;
+  int64_t draft_rows = 0, draft_accepted = 0;  // speculative decoding
   net::Histogram ttft{net::kTimeBuckets}, latency{net::kTimeBuckets};
   std::deque<double> completions;  // when the last requests finished (seconds since t0)
 
@@ -761,6 +762,9 @@ std::string Server::Impl::metrics_text() {
   gauge("barata_prefix_cache_hit_tokens_total", "Prompt tokens taken from the prefix cache",
         "counter", prefix_hit_tokens);
   gauge("barata_prefix_cache_lookups_total", "Prefix-cache lookups", "counter", prefix_lookups);
+  gauge("barata_speculative_draft_tokens_total", "Drafted tokens verified", "counter", draft_rows);
+  gauge("barata_speculative_accepted_tokens_total", "Drafted tokens kept", "counter",
+        draft_accepted);
   gauge("barata_prefix_cache_hit_blocks_total", "Blocks found in the prefix cache", "counter",
         prefix_hit_blocks);
   ttft.write(out, "barata_time_to_first_token_seconds", "Arrival to first token");
@@ -773,6 +777,9 @@ void Server::Impl::engine_loop() {
   so.slots = o.slots;
   so.max_batch_tokens = o.max_batch_tokens;
   so.tokenizer = tok;
+  so.drafter_for = o.drafter_for;
+  so.draft_max = o.draft_max;
+  so.draft_min = o.draft_min;
   const Tokenizer* t = tok;
   so.is_eog = [t](int32_t id) { return t->is_eog(id); };
   const Clock::time_point zero = t0;
@@ -878,6 +885,8 @@ void Server::Impl::engine_loop() {
     const SchedulerStats& st = sch.stats();
     prefix_hit_tokens = st.prefix_hit_tokens;
     prefix_lookups = st.prefix_lookups;
+    draft_rows = st.draft_rows;
+    draft_accepted = st.accepted;
     prefix_hit_blocks = st.prefix_hit_blocks;
     generated_tokens = st.generated_tokens;
     steps = st.steps;
@@ -996,6 +1005,14 @@ void Server::set_chat(std::optional<ChatFamily> family, std::string default_syst
   if (impl_->ready) fail("internal: Server::set_chat after serve");
   impl_->o.chat_family = family;
   impl_->o.default_system = std::move(default_system);
+}
+
+void Server::set_drafter(std::function<std::unique_ptr<Drafter>(const Request&)> drafter_for,
+                         int draft_max, int draft_min) {
+  if (impl_->ready) fail("internal: Server::set_drafter after serve");
+  impl_->o.drafter_for = std::move(drafter_for);
+  impl_->o.draft_max = draft_max;
+  impl_->o.draft_min = draft_min;
 }
 
 void Server::shutdown() {

@@ -25,6 +25,7 @@
 #include "barata/workload.h"
 #include "commands.h"
 #include "session.h"
+#include "spec.h"
 
 namespace barata::cli {
 namespace {
@@ -41,6 +42,9 @@ struct BatchArgs {
   int64_t shared_prefix = 0;
   double arrival_interval_ms = 0;
   bool no_prefix_cache = false, simulate = false, json = false;
+  SpecArgs spec;
+  // Set from spec once the model is loaded: a drafter per request.
+  std::function<std::unique_ptr<Drafter>(const Request&)> drafter_for;
 };
 
 // One request's outcome under one policy.
@@ -169,6 +173,9 @@ PolicyRun run_policy(Session& s, const BatchArgs& a, BatchPolicy policy,
   o.slots = a.slots;
   o.max_batch_tokens = a.max_batch_tokens;
   o.prefix_cache = !a.no_prefix_cache;
+  o.drafter_for = a.drafter_for;
+  o.draft_max = a.spec.draft_max;
+  o.draft_min = a.spec.draft_min;
   const Tokenizer& tok = s.tok;
   o.is_eog = [&tok](int32_t t) { return tok.is_eog(t); };
   o.tokenizer = &s.tok;
@@ -387,6 +394,11 @@ json policy_json(const PolicyRun& r, int slots) {
       {"slot_utilization", r.slot_utilization(slots)},
       {"preemptions", st.preemptions},
       {"forward_ms", st.forward_ms},
+      {"speculative",
+       {{"draft_rows", st.draft_rows},
+        {"accepted", st.accepted},
+        {"verify_passes", st.verify_passes},
+        {"draft_ms", st.draft_ms}}},
       {"prefix_cache",
        {{"lookups", st.prefix_lookups},
         {"hit_tokens", st.prefix_hit_tokens},
@@ -433,6 +445,14 @@ void print_policy(const PolicyRun& r, int slots) {
       st.padding_slot_steps, st.padding_rows);
   fmt::print("  rows          {} ({} decode, {} prefill), forward {:.1f} ms, {} preemptions\n",
              st.rows, st.decode_rows, st.prefill_rows, st.forward_ms, st.preemptions);
+  if (st.verify_passes > 0)
+    fmt::print(
+        "  speculative   {} drafted tokens verified in {} passes, {} kept ({:.1f}%), "
+        "drafting {:.1f} ms\n",
+        st.draft_rows, st.verify_passes, st.accepted,
+        100.0 * static_cast<double>(st.accepted) /
+            static_cast<double>(std::max<int64_t>(st.draft_rows, 1)),
+        st.draft_ms);
   const double rate = st.prompt_tokens > 0 ? static_cast<double>(st.prefix_hit_tokens) /
                                                  static_cast<double>(st.prompt_tokens)
                                            : 0.0;
@@ -489,7 +509,7 @@ void write_plots(const std::string& dir, const std::vector<PolicyRun>& runs, int
 
 // ---- the command -------------------------------------------------------------------
 
-int run(const BatchArgs& a) {
+int run(BatchArgs& a) {
   // The requests first: a malformed file is refused before the model loads.
   std::vector<RequestSpec> specs;
   std::string source;
@@ -504,6 +524,11 @@ int run(const BatchArgs& a) {
     if (specs[i].id.empty()) specs[i].id = std::to_string(i);
 
   Session s(a.model);
+  DraftFactory draft;
+  if (a.spec.any()) {
+    draft = make_draft_factory(a.spec, s, a.slots);
+    a.drafter_for = draft.drafter_for;
+  }
   const std::vector<int32_t> prefix = workload::shared_prefix_ids(s.tok, a.shared_prefix);
   std::vector<Request> requests;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -522,13 +547,17 @@ int run(const BatchArgs& a) {
 
   const KvBlockManager& kv = s.engine.blocks();
   const std::string pool = kv_pool_line(s.engine);
-  const std::string header = fmt::format(
-      "barata batch: {} requests ({}), {} slots, at most {} rows per step, prefix cache {}, "
-      "shared prefix {} tokens, {}",
-      requests.size(), source, a.slots, a.max_batch_tokens, a.no_prefix_cache ? "off" : "on",
-      a.shared_prefix,
-      a.arrival_interval_ms > 0 ? fmt::format("one arrival every {} ms", a.arrival_interval_ms)
-                                : std::string("arrivals as given (default: all at 0)"));
+  const std::string header =
+      fmt::format(
+          "barata batch: {} requests ({}), {} slots, at most {} rows per step, prefix cache {}, "
+          "shared prefix {} tokens, {}",
+          requests.size(), source, a.slots, a.max_batch_tokens, a.no_prefix_cache ? "off" : "on",
+          a.shared_prefix,
+          a.arrival_interval_ms > 0 ? fmt::format("one arrival every {} ms", a.arrival_interval_ms)
+                                    : std::string("arrivals as given (default: all at 0)")) +
+      (a.spec.any() ? fmt::format(", speculative: {}, up to {} drafted tokens per step",
+                                  draft.setup.name, a.spec.draft_max)
+                    : std::string());
   if (a.json) {
     fmt::print(stderr, "{}\n{}\n", header, pool);
   } else {
@@ -696,6 +725,7 @@ Command add_batch(CLI::App& app) {
     if (a->requests.empty() && a->workload.empty())
       throw CLI::RequiredError("--requests FILE or --workload NAME");
   });
+  add_spec_options(sub, a->spec, /*with_tuning=*/true, /*with_auto=*/false);
   return {sub, [a] { return run(*a); }};
 }
 

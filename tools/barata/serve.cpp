@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "default_model.h"
 #include "session.h"
+#include "spec.h"
 
 namespace barata::cli {
 namespace {
@@ -25,6 +26,7 @@ namespace {
 struct ServeArgs {
   ModelOptions model;
   ServerOptions server;
+  SpecArgs spec;
   std::string api_key, api_key_file, chat_template, system, alias;
   double drain_grace_s = 30;
   size_t max_body_kib = 1024;
@@ -102,6 +104,15 @@ int serve(ServeArgs& a) {
   if (!family)
     spdlog::warn("{}: no chat template barata knows; /v1/chat/completions answers 400", s.path);
   server.set_chat(family, system_prompt_or_default(a.system, s));
+  // Speculative decoding per slot: a drafter per request, over one draft
+  // engine whose pool holds every slot's context.
+  DraftFactory draft;
+  if (a.spec.any()) {
+    draft = make_draft_factory(a.spec, s, o.slots);
+    server.set_drafter(draft.drafter_for, a.spec.draft_max, a.spec.draft_min);
+    fmt::print("barata serve: speculative decoding: {}, up to {} drafted tokens per step\n",
+               draft.setup.name, a.spec.draft_max);
+  }
   fmt::print(
       "barata serve: ready: {} ({} threads, context {}, {} tokens of KV cache, chat "
       "template {}), load {:.0f} ms\n",
@@ -168,6 +179,7 @@ Command add_serve(CLI::App& app) {
                 "client's text is text)");
   // The defaults of requests that do not set temperature / top_p.
   add_sampling_options(sub, a->server.sampling);
+  add_spec_options(sub, a->spec, /*with_tuning=*/true, /*with_auto=*/false);
   return {sub, [a] { return serve(*a); }};
 }
 

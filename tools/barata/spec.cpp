@@ -8,7 +8,7 @@
 
 namespace barata::cli {
 
-void add_spec_options(CLI::App* sub, SpecArgs& a, bool with_tuning) {
+void add_spec_options(CLI::App* sub, SpecArgs& a, bool with_tuning, bool with_auto) {
   auto* d = sub->add_option("--draft", a.draft,
                             "Draft model (GGUF) for speculative decoding; same vocabulary")
                 ->check(CLI::ExistingFile);
@@ -28,16 +28,18 @@ void add_spec_options(CLI::App* sub, SpecArgs& a, bool with_tuning) {
     sub->add_option("--draft-min", a.draft_min,
                     "A draft shorter than this is not verified (a plain step instead)")
         ->check(CLI::Range(0, 64));
-    sub->add_flag("--draft-auto", a.draft_auto,
-                  "Choose gamma (0: plain decoding) from the measured acceptance, draft cost and "
-                  "verify cost as it runs");
+    if (with_auto)
+      sub->add_flag("--draft-auto", a.draft_auto,
+                    "Choose gamma (0: plain decoding) from the measured acceptance, draft cost "
+                    "and verify cost as it runs");
   }
   sub->add_option("--draft-p-min", a.p_min,
                   "Stop drafting when the draft's probability of its token is below P")
       ->check(CLI::Range(0.0f, 1.0f));
 }
 
-DraftSetup make_drafter(const SpecArgs& a, Session& s, const SamplerOptions& sampling) {
+DraftSetup make_drafter(const SpecArgs& a, Session& s, const SamplerOptions& sampling,
+                        int contexts) {
   DraftSetup d;
   const ModelDrafterOptions mo{.sampling = sampling, .p_min = a.p_min};
   if (a.lookup > 0) {
@@ -55,16 +57,38 @@ DraftSetup make_drafter(const SpecArgs& a, Session& s, const SamplerOptions& sam
   d.tok = std::make_unique<Tokenizer>(Tokenizer::from_gguf(d.model->file()));
   check_same_tokens(s.tok, s.model, *d.tok, *d.model);
   // The draft's cache takes the target's types (--cache-type-k / -v).
-  d.engine =
-      std::make_unique<Engine>(*d.model, EngineOptions{.n_threads = s.engine.n_threads(),
-                                                       .n_ctx = s.n_ctx,
-                                                       .device = s.engine.backend().kind(),
-                                                       .cache_k = s.engine.kv_layout().k_type,
-                                                       .cache_v = s.engine.kv_layout().v_type});
+  d.engine = std::make_unique<Engine>(*d.model,
+                                      EngineOptions{.n_threads = s.engine.n_threads(),
+                                                    .n_ctx = s.n_ctx,
+                                                    .cache_tokens = std::max(contexts, 1) * s.n_ctx,
+                                                    .device = s.engine.backend().kind(),
+                                                    .cache_k = s.engine.kv_layout().k_type,
+                                                    .cache_v = s.engine.kv_layout().v_type});
   d.drafter = std::make_unique<ModelDrafter>(*d.engine, mo, d.name);
   d.c_prior = static_cast<double>(d.model->weight_bytes()) /
               static_cast<double>(std::max<int64_t>(s.model.weight_bytes(), 1));
   return d;
+}
+
+DraftFactory make_draft_factory(const SpecArgs& a, Session& s, int slots) {
+  DraftFactory f;
+  f.setup = make_drafter(a, s, SamplerOptions{}, slots);
+  f.setup.drafter.reset();  // one per request instead
+  if (a.lookup > 0) {
+    const int n = a.lookup;
+    f.drafter_for = [n](const Request&) -> std::unique_ptr<Drafter> {
+      return std::make_unique<LookupDrafter>(n, std::min(n, 2));
+    };
+  } else {
+    Engine* engine = f.setup.engine.get();
+    const std::string name = f.setup.name;
+    const float p_min = a.p_min;
+    f.drafter_for = [engine, name, p_min](const Request& r) -> std::unique_ptr<Drafter> {
+      return std::make_unique<ModelDrafter>(
+          *engine, ModelDrafterOptions{.sampling = r.sampling, .p_min = p_min}, name);
+    };
+  }
+  return f;
 }
 
 Generation generate_speculative(Session& s, DraftSetup& d, std::span<const int32_t> prompt,

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "barata/sequence.h"
 #include "barata/speculative.h"
 #include "session.h"
 
@@ -27,8 +28,9 @@ struct SpecArgs {
   bool draft_auto = false;
   bool any() const { return !draft.empty() || !draft_self.empty() || lookup > 0; }
 };
-// with_tuning: also --draft-max/--draft-min/--draft-auto (spec-bench sweeps them).
-void add_spec_options(CLI::App* sub, SpecArgs& a, bool with_tuning = true);
+// with_tuning: also --draft-max/--draft-min/--draft-auto (spec-bench sweeps
+// them); with_auto false leaves --draft-auto out (serve and batch: a fixed gamma).
+void add_spec_options(CLI::App* sub, SpecArgs& a, bool with_tuning = true, bool with_auto = true);
 
 // The drafter the flags name, with the draft model and its engine when it
 // has one. The draft model's vocabulary is checked against the target's.
@@ -41,7 +43,18 @@ struct DraftSetup {
   // --draft-auto's prior for c: the draft's weight bytes over the target's (0: lookup).
   double c_prior = 0;
 };
-DraftSetup make_drafter(const SpecArgs& a, Session& s, const SamplerOptions& sampling);
+// contexts: sequences the draft engine's pool must hold at once (one per slot).
+DraftSetup make_drafter(const SpecArgs& a, Session& s, const SamplerOptions& sampling,
+                        int contexts = 1);
+
+// For the scheduler (serve, batch): the setup (its drafter null) and a
+// drafter per request: n-gram lookup, or a ModelDrafter over the one draft
+// engine, whose pool holds `slots` contexts, at the request's own sampling.
+struct DraftFactory {
+  DraftSetup setup;
+  std::function<std::unique_ptr<Drafter>(const Request&)> drafter_for;
+};
+DraftFactory make_draft_factory(const SpecArgs& a, Session& s, int slots);
 
 // `run`'s generation through the drafter: ids, streamed text, timings as
 // generate() gives them; the speculative statistics in *spec.
