@@ -78,10 +78,17 @@ Scheduler::~Scheduler() {
 }
 
 int Scheduler::submit(Request r) {
-  const int id = static_cast<int>(n_sequences());
-  auto owned = std::make_unique<Sequence>(r);
-  Sequence& s = *owned;
-  seqs_.push_back(std::move(owned));
+  int id;
+  if (!free_ids_.empty()) {  // the smallest forgotten id
+    std::pop_heap(free_ids_.begin(), free_ids_.end(), std::greater<>());
+    id = free_ids_.back();
+    free_ids_.pop_back();
+  } else {
+    id = static_cast<int>(seqs_.size());
+    seqs_.emplace_back();
+  }
+  seqs_[static_cast<size_t>(id)] = std::make_unique<Sequence>(r);
+  Sequence& s = *seqs_[static_cast<size_t>(id)];
   ++n_held_;
   s.id = id;
   s.req = std::move(r);
@@ -232,21 +239,19 @@ void Scheduler::forget(int id) {
   // A finished member of a static batch keeps its slot until the batch ends.
   if (std::find(running_.begin(), running_.end(), id) != running_.end())
     fail("internal: Scheduler::forget({}): the sequence still holds a slot", id);
-  seqs_[static_cast<size_t>(id - base_)].reset();
+  seqs_[static_cast<size_t>(id)].reset();
   --n_held_;
-  while (!seqs_.empty() && !seqs_.front()) {
-    seqs_.pop_front();
-    ++base_;
-  }
+  free_ids_.push_back(id);
+  std::push_heap(free_ids_.begin(), free_ids_.end(), std::greater<>());
 }
 
 Sequence& Scheduler::seq(int id) const {
   if (!has(id)) fail("internal: scheduler: no sequence {} (forgotten, or never submitted)", id);
-  return *seqs_[static_cast<size_t>(id - base_)];
+  return *seqs_[static_cast<size_t>(id)];
 }
 
 bool Scheduler::has(int id) const {
-  return id >= base_ && id < n_sequences() && seqs_[static_cast<size_t>(id - base_)] != nullptr;
+  return id >= 0 && id < n_sequences() && seqs_[static_cast<size_t>(id)] != nullptr;
 }
 
 // Passes on_text the text that is final: everything when the sequence ends,

@@ -370,6 +370,45 @@ TEST(Scheduler, StopsAtEosContextAndMaxTokens) {
   EXPECT_EQ(s.sequence(2).tokens.size(), 40u);
 }
 
+// A long-running server submits, runs and forgets without end: ids are
+// reused once forgotten (the smallest first), so the scheduler's tables stay
+// as small as the requests alive at once, and a reused id carries its new
+// request's tag.
+TEST(Scheduler, IdsAreRecycledAfterForgetAndStorageIsBounded) {
+  FakeEngine e(64);
+  SchedulerOptions o;
+  o.slots = 3;
+  Scheduler s(e, o);
+  std::vector<int> to_forget;
+  s.on_finish = [&](const Sequence& q) { to_forget.push_back(q.id); };
+  const auto rs = mixed_requests();
+  uint64_t tag = 0;
+  for (int round = 0; round < 300; ++round) {
+    for (int k = 0; k < 3; ++k) {
+      Request r = rs[static_cast<size_t>((round + k) % rs.size())];
+      r.tag = ++tag;
+      const int id = s.submit(r);
+      ASSERT_LT(id, 4) << "round " << round;
+      EXPECT_EQ(s.sequence(id).req.tag, tag);
+    }
+    // One of them stays for the next round, so that ids interleave.
+    while (s.n_running() + s.n_waiting() > 1) {
+      s.step();
+      for (int id : to_forget) s.forget(id);
+      to_forget.clear();
+    }
+    ASSERT_LE(s.n_sequences(), 4);
+    ASSERT_LE(s.n_held(), 4);
+  }
+  s.run();
+  for (int id : to_forget) s.forget(id);
+  EXPECT_EQ(s.n_held(), 0);
+  EXPECT_EQ(e.blocks().blocks_in_use(), 0);
+  // Never forgotten, ids are submission order from the smallest free one.
+  Scheduler fresh(e, o);
+  for (int k = 0; k < 5; ++k) EXPECT_EQ(fresh.submit(rs[0]), k);
+}
+
 TEST(Scheduler, ArrivalsWaitForTheirTime) {
   FakeEngine e(64);
   double t = 0;

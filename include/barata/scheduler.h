@@ -164,8 +164,10 @@ class Scheduler {
   // A submitted sequence not yet forgotten.
   const Sequence& sequence(int id) const { return seq(id); }
   bool has(int id) const;
-  // Sequences ever submitted: the next submit's id.
-  int64_t n_sequences() const { return base_ + static_cast<int64_t>(seqs_.size()); }
+  // Ids issued: every id is below this. Ids are 0, 1, 2, ... in submission
+  // order until one is forgotten; then the smallest forgotten id is the next
+  // submit's (so that a server's tables stay as small as its live requests).
+  int64_t n_sequences() const { return static_cast<int64_t>(seqs_.size()); }
   // Sequences held in memory (submitted, not yet forgotten).
   int64_t n_held() const { return n_held_; }
   const SchedulerStats& stats() const { return stats_; }
@@ -207,9 +209,10 @@ class Scheduler {
   StepEngine& engine_;
   SchedulerOptions opts_;
   Sequence& seq(int id) const;
-  // Ids base_.. ; a forgotten one is null, and the forgotten front is dropped.
-  std::deque<std::unique_ptr<Sequence>> seqs_;
-  int64_t base_ = 0, n_held_ = 0;
+  // By id; a forgotten one is null, its id in free_ids_ (a min-heap) for reuse.
+  std::vector<std::unique_ptr<Sequence>> seqs_;
+  std::vector<int> free_ids_;
+  int64_t n_held_ = 0;
   std::deque<int> waiting_;   // ids, front first
   std::vector<int> running_;  // ids holding slots, admission order
   SchedulerStats stats_;

@@ -32,6 +32,10 @@ struct Request {
   // left holding every token but the last sampled one. -1: the scheduler
   // makes its own and frees it.
   int kv_seq = -1;
+  // The caller's own key for the request (the server's job number), carried
+  // untouched: with ids reused after Scheduler::forget, it tells a stale id
+  // from a live one.
+  uint64_t tag = 0;
   // A caller's sampler (its random state and penalty window carry across
   // requests); null: one made from `sampling`.
   Sampler* sampler = nullptr;

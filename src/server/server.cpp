@@ -100,7 +100,8 @@ struct Job {
   int64_t prompt_tokens = 0, completion_tokens = 0;
   double ttft_s = -1;  // arrival to the first token
   std::atomic<bool> cancelled{false};
-  int seq = -1;  // the scheduler's id (engine thread only)
+  int seq = -1;      // the scheduler's id (engine thread only)
+  uint64_t tag = 0;  // its Request::tag: ids are reused, tags never (engine thread only)
 };
 
 const char* openai_finish(FinishReason r) {
@@ -787,7 +788,8 @@ void Server::Impl::engine_loop() {
   EngineSteps engine_steps(*engine);
   Scheduler sch(engine_steps, so);
 
-  std::unordered_map<int, std::shared_ptr<Job>> live;  // scheduler id -> job
+  std::unordered_map<uint64_t, std::shared_ptr<Job>> live;  // Request::tag -> job
+  uint64_t next_tag = 0;
   std::vector<int> to_forget;
   // A finished job is told so only after the metrics are published: a client
   // that reads /metrics after its reply sees its blocks given back.
@@ -817,7 +819,7 @@ void Server::Impl::engine_loop() {
     endings.clear();
   };
   sch.on_text = [&live](const Sequence& s, std::string_view text) {
-    auto it = live.find(s.id);
+    auto it = live.find(s.req.tag);
     if (it == live.end()) return;
     Job& j = *it->second;
     {
@@ -828,7 +830,7 @@ void Server::Impl::engine_loop() {
   };
   sch.on_token = [this, &live](const Sequence& s, int32_t) {
     if (s.output().size() != 1) return;
-    auto it = live.find(s.id);
+    auto it = live.find(s.req.tag);
     if (it == live.end()) return;
     const double t = seconds_since(it->second->t_arrival);
     {
@@ -840,7 +842,7 @@ void Server::Impl::engine_loop() {
   };
   sch.on_finish = [this, &live, &to_forget, &endings](const Sequence& s) {
     to_forget.push_back(s.id);
-    auto it = live.find(s.id);
+    auto it = live.find(s.req.tag);
     if (it == live.end()) return;
     std::shared_ptr<Job> j = it->second;
     live.erase(it);
@@ -922,24 +924,26 @@ void Server::Impl::engine_loop() {
       Request r = std::move(j->req);
       r.id = j->id;
       r.arrival_s = sch.now();  // the scheduler's clock counts from t0 too
-      const int id = static_cast<int>(sch.n_sequences());
-      j->seq = id;
-      live[id] = j;  // before submit: a refused request finishes inside it
+      r.tag = j->tag = ++next_tag;
+      live[r.tag] = j;  // before submit: a refused request finishes inside it
       {
         std::lock_guard<std::mutex> l(metrics_m);
         prompt_tokens += static_cast<int64_t>(r.prompt.size());
       }
-      const int got = sch.submit(std::move(r));
-      if (got != id) fail("internal: the scheduler numbered a request {} instead of {}", got, id);
+      j->seq = sch.submit(std::move(r));
     }
-    for (auto& j : cancels)
-      if (j->seq >= 0 && sch.has(j->seq) && !sch.sequence(j->seq).done()) sch.cancel(j->seq);
+    // A job's id may since have gone to another request: its tag says.
+    auto cancel_job = [&sch](const Job& j) {
+      if (j.seq >= 0 && sch.has(j.seq) && sch.sequence(j.seq).req.tag == j.tag &&
+          !sch.sequence(j.seq).done())
+        sch.cancel(j.seq);
+    };
+    for (auto& j : cancels) cancel_job(*j);
     if (drain_deadline >= 0 && !cancelled_all && seconds_since(t0) >= drain_deadline) {
       cancelled_all = true;
-      std::vector<int> ids;  // cancel() finishes, and on_finish erases from `live`
-      for (const auto& [id, job] : live) ids.push_back(id);
-      for (int id : ids)
-        if (sch.has(id) && !sch.sequence(id).done()) sch.cancel(id);
+      std::vector<std::shared_ptr<Job>> jobs;  // cancel() finishes: on_finish erases from `live`
+      for (const auto& [tag, job] : live) jobs.push_back(job);
+      for (const auto& j : jobs) cancel_job(*j);
     }
     if (!sch.idle()) {
       try {
@@ -947,10 +951,9 @@ void Server::Impl::engine_loop() {
       } catch (const std::exception& e) {
         // An engine failure fails every request in flight; the server goes on.
         spdlog::error("serve: a step failed: {}", e.what());
-        std::vector<int> ids;
-        for (const auto& [id, job] : live) ids.push_back(id);
-        for (int id : ids)
-          if (sch.has(id) && !sch.sequence(id).done()) sch.cancel(id);
+        std::vector<std::shared_ptr<Job>> jobs;
+        for (const auto& [tag, job] : live) jobs.push_back(job);
+        for (const auto& j : jobs) cancel_job(*j);
       }
     }
     for (int id : to_forget) sch.forget(id);
