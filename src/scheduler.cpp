@@ -50,6 +50,34 @@ const char* finish_name(FinishReason r) {
   return "?";
 }
 
+const char* openai_finish_reason(FinishReason r) {
+  switch (r) {
+    case FinishReason::kEos:
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+    case FinishReason::kContext:
+      return "length";
+    default:
+      return nullptr;
+  }
+}
+
+const char* run_stop_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kEos:
+      return "eog";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kContext:
+      return "context_full";
+    case FinishReason::kCancelled:
+      return "interrupted";
+    default:
+      return "n_predict";
+  }
+}
+
 Scheduler::Scheduler(StepEngine& engine, SchedulerOptions opts)
     : engine_(engine), opts_(std::move(opts)) {
   if (opts_.slots < 1) fail("scheduler: {} slots (need at least 1)", opts_.slots);
@@ -152,7 +180,7 @@ int Scheduler::submit(Request r) {
     s.text.reserve(static_cast<size_t>(
         std::min<int64_t>(std::min(s.req.max_tokens, n_ctx) * 8, int64_t{1} << 20)));
   for (int32_t t : s.tokens) s.sampler->accept(t);
-  if (s.req.max_tokens == 0) {
+  if (s.req.max_tokens == 0 && !s.req.prefill_only) {
     s.status = SeqStatus::kFinished;
     s.finish = FinishReason::kLength;
     s.t_first_token = s.t_finished = std::max(now(), s.req.arrival_s);
@@ -361,6 +389,12 @@ int64_t Scheduler::plan_running() {
         --budget;
       }
     } else if (s.n_computed + 1 == static_cast<int64_t>(s.tokens.size()) && budget > 0) {
+      if (opts_.recompute && s.n_computed > 0) {
+        // Without a cache: the whole context again, as a prefill (below).
+        engine_.blocks().truncate(s.kv, 0);
+        s.n_computed = 0;
+        continue;
+      }
       work.push_back({&s, 1, false});
       --budget;
     }
@@ -368,7 +402,7 @@ int64_t Scheduler::plan_running() {
   for (int id : running_) {  // prefill chunks, oldest first
     Sequence& s = seq(id);
     const int64_t left = static_cast<int64_t>(s.tokens.size()) - s.n_computed;
-    if (s.done() || left <= 1 || budget <= 0) continue;
+    if (s.done() || left <= (s.req.prefill_only ? 0 : 1) || budget <= 0) continue;
     const int64_t n = std::min(left, budget);
     work.push_back({&s, n, false});
     budget -= n;
@@ -594,6 +628,11 @@ void Scheduler::postprocess() {
     std::span<float> lg(logits_.data() + logit_row * engine_.n_vocab(),
                         static_cast<size_t>(engine_.n_vocab()));
     ++logit_row;
+    if (s.req.prefill_only) {  // the prompt is in the cache: nothing to sample
+      finish(s, FinishReason::kLength);
+      plan_.finished.push_back(&s);
+      continue;
+    }
     if (on_logits) on_logits(s, lg);
     // The sampled token is not in the cache yet: the next step feeds it. A
     // speculating sequence draws every token as its verify passes do.

@@ -62,6 +62,50 @@ TEST(RunCli, NoKvCacheGivesIdenticalIds) {
   EXPECT_EQ(jb["timings"]["kv_cache"], false);
 }
 
+// Stop strings (llama.cpp's -r / --reverse-prompt): the text ends before
+// the first one, which is not printed, and "stop" says why.
+TEST(RunCli, StopStringEndsTheText) {
+  REQUIRE_MODELS();
+  const std::string base = "run -m " + tiny("stories260K.gguf").string() +
+                           " -p \"Lily and Tom went to the park\" -n 40 -c 128 --temp 0";
+  const Result free_run = run(base + " --json");
+  ASSERT_EQ(free_run.status, 0) << free_run.err;
+  const json jf = json::parse(free_run.out);
+  const std::string text = jf["text"];
+  ASSERT_GT(text.size(), 30u) << text;
+  const std::string stop = text.substr(text.size() / 2, 5);
+  const std::string cut = text.substr(0, text.find(stop));
+  for (const std::string flag : {"--stop", "-r"}) {
+    SCOPED_TRACE(flag);
+    const Result r =
+        run(base + " --json " + flag + " '" + stop + "' --stop 'a string never written'");
+    ASSERT_EQ(r.status, 0) << r.err;
+    const json j = json::parse(r.out);
+    EXPECT_EQ(j["text"], cut);
+    EXPECT_EQ(j["stop"], "stop");
+    EXPECT_LT(j["generated_ids"].size(), jf["generated_ids"].size());
+  }
+  const Result plain = run(base + " --stop '" + stop + "'");
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  EXPECT_EQ(plain.out.find(stop), std::string::npos) << "the stop string is not printed";
+  EXPECT_NE(plain.out.find(cut.substr(0, cut.size() / 2)), std::string::npos) << plain.out;
+}
+
+// -n 0: the prompt is read (and timed), nothing is generated.
+TEST(RunCli, ZeroPredictPrefillsOnly) {
+  REQUIRE_MODELS();
+  for (const char* extra : {"", " --no-kv-cache"}) {
+    const Result r = run("run -m " + tiny("stories260K.gguf").string() +
+                         " -p \"Lily and Tom went to the park\" -n 0 -c 128 --json" + extra);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const json j = json::parse(r.out);
+    EXPECT_TRUE(j["generated_ids"].empty());
+    EXPECT_EQ(j["text"], "");
+    EXPECT_GT(j["timings"]["prefill_ms"].get<double>(), 0.0);
+    EXPECT_EQ(j["timings"]["prefill_tokens"], j["prompt_ids"].size());
+  }
+}
+
 TEST(RunCli, TopLogitsAndProbsPerStep) {
   REQUIRE_MODELS();
   const Result r = run("run -m " + tiny("stories260K.gguf").string() +

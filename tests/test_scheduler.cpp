@@ -409,6 +409,55 @@ TEST(Scheduler, IdsAreRecycledAfterForgetAndStorageIsBounded) {
   for (int k = 0; k < 5; ++k) EXPECT_EQ(fresh.submit(rs[0]), k);
 }
 
+// Without a cache (run --no-kv-cache): each token recomputes the whole
+// context, so step widths grow by one, and the tokens are the cached run's.
+TEST(Scheduler, RecomputeModeEqualsCachedAndRecomputesEverything) {
+  const auto rs = mixed_requests();
+  const Outputs alone = run_alone(rs, [] { return fake(); });
+  for (size_t i : {0, 2, 7}) {
+    FakeEngine e(256);
+    SchedulerOptions o;
+    o.slots = 1;
+    o.prefix_cache = false;
+    o.recompute = true;
+    EXPECT_EQ(run_all(e, {rs[i]}, o).front(), alone[i]);
+    const int64_t n_prompt = static_cast<int64_t>(rs[i].prompt.size());
+    ASSERT_EQ(e.widths.size(), alone[i].size()) << "one forward per token";
+    for (size_t k = 0; k < e.widths.size(); ++k)
+      EXPECT_EQ(e.widths[k], n_prompt + static_cast<int64_t>(k)) << "step " << k;
+    EXPECT_EQ(e.blocks().blocks_in_use(), 0);
+  }
+}
+
+// prefill_only (run -n 0, a chat's /load): the caller's sequence is left
+// holding the whole prompt, nothing is sampled, and the next turn continues.
+TEST(Scheduler, PrefillOnlyLeavesThePromptCached) {
+  FakeEngine e(256);
+  SchedulerOptions o;
+  o.max_batch_tokens = 16;  // in chunks
+  const auto rs = mixed_requests();
+  const int kv = e.blocks().new_sequence();
+  Scheduler s(e, o);
+  Request r = rs[6];  // 64 tokens
+  r.kv_seq = kv;
+  r.prefill_only = true;
+  r.max_tokens = 0;
+  const int id = s.submit(r);
+  s.run();
+  EXPECT_EQ(s.sequence(id).finish, FinishReason::kLength);
+  EXPECT_TRUE(s.sequence(id).output().empty());
+  EXPECT_EQ(e.blocks().length(kv), 64);
+  // The next turn reads nothing again but its last token.
+  Request next = rs[6];
+  next.kv_seq = kv;
+  const int id2 = s.submit(next);
+  const size_t steps_before = e.widths.size();
+  s.run();
+  EXPECT_EQ(std::vector<int32_t>(s.sequence(id2).output().begin(), s.sequence(id2).output().end()),
+            run_alone({rs[6]}, [] { return fake(); }).front());
+  EXPECT_EQ(e.widths[steps_before], 1) << "the prompt was in the cache";
+}
+
 TEST(Scheduler, ArrivalsWaitForTheirTime) {
   FakeEngine e(64);
   double t = 0;

@@ -89,6 +89,10 @@ struct SchedulerOptions {
   std::function<std::unique_ptr<Drafter>(const Request&)> drafter_for;
   int draft_max = 8;
   int draft_min = 0;
+  // No KV cache (`run --no-kv-cache`): before each of its tokens a sequence
+  // drops its cache and recomputes its whole context, so a step costs what
+  // the cache saves.
+  bool recompute = false;
 };
 
 // What one step did.

@@ -36,6 +36,10 @@ struct Request {
   // untouched: with ids reused after Scheduler::forget, it tells a stale id
   // from a live one.
   uint64_t tag = 0;
+  // Compute the whole prompt into the cache and generate nothing (`run -n
+  // 0`, a chat's /load): it finishes with kLength, and a kv_seq is left
+  // holding every prompt token.
+  bool prefill_only = false;
   // A caller's sampler (its random state and penalty window carry across
   // requests); null: one made from `sampling`.
   Sampler* sampler = nullptr;
@@ -45,7 +49,12 @@ enum class SeqStatus { kWaiting, kRunning, kFinished, kFailed };
 // eos: an end-of-generation token; length: max_tokens; stop: a stop string;
 // context: the sequence filled n_ctx; cancelled; error: refused (see error).
 enum class FinishReason { kNone, kEos, kLength, kStop, kContext, kCancelled, kError };
+// Its names: batch's JSON "finish" (eos, length, stop, context, cancelled,
+// error); the OpenAI API's finish_reason (stop, length; null for the rest);
+// and run's JSON "stop" (eog, n_predict, stop, context_full, interrupted).
 const char* finish_name(FinishReason r);
+const char* openai_finish_reason(FinishReason r);
+const char* run_stop_name(FinishReason r);
 
 struct Sequence {
   int id = 0;  // submission order, from 0

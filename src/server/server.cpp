@@ -104,19 +104,6 @@ struct Job {
   uint64_t tag = 0;  // its Request::tag: ids are reused, tags never (engine thread only)
 };
 
-const char* openai_finish(FinishReason r) {
-  switch (r) {
-    case FinishReason::kEos:
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-    case FinishReason::kContext:
-      return "length";
-    default:
-      return nullptr;
-  }
-}
-
 }  // namespace
 
 // ---- the server ---------------------------------------------------------------------
@@ -638,7 +625,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
       return;
     }
     json choice = {
-        {"index", 0}, {"finish_reason", openai_finish(job->finish)}, {"logprobs", nullptr}};
+        {"index", 0}, {"finish_reason", openai_finish_reason(job->finish)}, {"logprobs", nullptr}};
     if (kind == Kind::kChat)
       choice["message"] = {{"role", "assistant"}, {"content", job->pending}};
     else
@@ -696,7 +683,8 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
                                    : ApiError{400, job->error, "invalid_request_error", "", ""};
             out += sse(error_body(e));
           } else {
-            out += sse(chunk_json(*job, o.model_id, nullptr, openai_finish(job->finish), false));
+            out += sse(
+                chunk_json(*job, o.model_id, nullptr, openai_finish_reason(job->finish), false));
             if (job->include_usage) {
               json u = chunk_json(*job, o.model_id, nullptr, nullptr, false);
               u["choices"] = json::array();

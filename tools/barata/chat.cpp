@@ -220,10 +220,10 @@ class Conversation {
     msgs_ = std::move(loaded);
     free_cache();
     const auto t0 = Clock::now();
-    if (!tokens.empty()) {
+    if (!tokens.empty()) {  // the conversation into the cache, nothing generated (-n 0)
       seq_ = s_.engine.new_sequence();
-      std::vector<float> logits(static_cast<size_t>(s_.model.config().n_vocab));
-      s_.engine.prefill(seq_, tokens, logits.data());
+      std::vector<int32_t> all;
+      generate(s_, seq_, tokens, all, sampler_, {.n_predict = 0}, [](std::string_view) {});
       cached_ = tokens;
     }
     fmt::print(stderr,

@@ -26,6 +26,7 @@ struct RunArgs {
   bool no_cache = false, chat = false, json = false, truncate = false, no_bos = false;
   bool parse_special = false;
   int top_logits = 0, show_probs = 0;
+  std::vector<std::string> stop;
   SpecArgs spec;
 };
 
@@ -127,7 +128,8 @@ int run(const RunArgs& a) {
                            .no_cache = a.no_cache,
                            .top_logits = a.top_logits,
                            .show_probs = a.show_probs,
-                           .print_probs = !a.json};
+                           .print_probs = !a.json,
+                           .stop = a.stop};
   std::vector<int32_t> all;
   Generation g;
   if (a.spec.any()) {
@@ -174,6 +176,9 @@ Command add_run(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 30));
   add_sampling_options(sub, a->sampling);
   sub->add_flag("--no-kv-cache", a->no_cache, "Recompute the whole sequence at every step");
+  sub->add_option("--stop,-r,--reverse-prompt", a->stop,
+                  "Stop when the text contains this string, which is not printed (repeatable)")
+      ->allow_extra_args(false);
   sub->add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template");
   sub->add_option("--chat-template", a->chat_template,
                   "chatml, llama3, gemma, llama2 or phi3 (implies --chat)");
@@ -194,6 +199,8 @@ Command add_run(CLI::App& app) {
     if (!a->chat_template.empty()) a->chat = true;
     if (a->spec.any()) {
       if (a->no_cache) throw CLI::ValidationError("--no-kv-cache", "not with speculative decoding");
+      if (!a->stop.empty())
+        throw CLI::ValidationError("--stop", "not yet with speculative decoding in run");
       if (a->top_logits > 0 || a->show_probs > 0)
         throw CLI::ValidationError("--top-logits/--show-probs", "not with speculative decoding");
       if (a->sampling.repeat_penalty != 1.0f)

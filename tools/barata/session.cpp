@@ -201,28 +201,20 @@ Generation generate(Session& s, int seq, std::span<const int32_t> prompt, std::v
                     const std::function<void(std::string_view)>& on_text) {
   Generation g;
   const Tokenizer& tok = s.tok;
-  Engine& engine = s.engine;
   all.insert(all.end(), prompt.begin(), prompt.end());
   g.prefill_tokens = static_cast<int64_t>(prompt.size());
-  if (o.n_predict == 0) {  // the prompt into the cache, nothing sampled
-    for (int32_t t : prompt) sampler.accept(t);
-    std::vector<float> logits(static_cast<size_t>(s.model.config().n_vocab));
-    const auto t0 = Clock::now();
-    engine.prefill(seq, prompt, logits.data());
-    g.prefill_ms = ms_since(t0);
-    return g;
-  }
 
-  // One request on the scheduler, a batch of one; without the cache, one
-  // request per token, each recomputing the whole sequence.
-  EngineSteps steps(engine);
+  // One request on the scheduler, a batch of one: -n 0 fills the cache and
+  // samples nothing; without the cache, each token recomputes the sequence.
+  EngineSteps steps(s.engine);
   SchedulerOptions so;
   so.slots = 1;
   so.max_batch_tokens = std::max<int64_t>(s.n_ctx, 1);  // the prompt in one call
   so.prefix_cache = false;
+  so.recompute = o.no_cache;
+  so.tokenizer = &tok;
   so.is_eog = [&tok](int32_t t) { return tok.is_eog(t); };
   Scheduler sch(steps, so);
-  StreamDecoder stream(tok);  // across the requests of --no-kv-cache
   sch.on_logits = [&](const Sequence&, std::span<const float> logits) {
     if (o.top_logits <= 0 && o.show_probs <= 0) return;
     nlohmann::json step;
@@ -259,57 +251,40 @@ Generation generate(Session& s, int seq, std::span<const int32_t> prompt, std::v
       t_decode = Clock::now();
     }
     g.generated.push_back(id);
-    if (tok.is_eog(id)) return;
-    const std::string piece = stream.push(id);
-    g.text += piece;
-    on_text(piece);
+  };
+  // The scheduler's text: whole characters, held back while it could be
+  // the start of a stop string, the stop string itself never passed on.
+  sch.on_text = [&](const Sequence&, std::string_view text) {
+    g.text += text;
+    on_text(text);
   };
 
   Request r;
   r.prompt = all;
   r.sampler = &sampler;
   r.kv_seq = seq;
-  FinishReason finish = FinishReason::kNone;
+  r.max_tokens = o.n_predict;
+  r.prefill_only = o.n_predict == 0;
+  r.stop = o.stop;
+  const int id = sch.submit(std::move(r));
   bool prefill_timed = false;
-  for (int64_t left = o.n_predict; left > 0 && finish == FinishReason::kNone;) {
-    r.max_tokens = o.no_cache ? 1 : left;
-    if (o.no_cache) engine.truncate(seq, 0);  // recompute the whole sequence: what the cache saves
-    const int id = sch.submit(r);
-    while (!sch.idle()) {
-      if (SigintCatcher::interrupted()) {
-        sch.cancel(id);
-        break;
-      }
-      const StepInfo info = sch.step();
-      if (!prefill_timed) g.prefill_ms = info.ms;  // the first call reads the prompt
-      prefill_timed = true;
+  while (!sch.idle()) {
+    if (SigintCatcher::interrupted()) {
+      sch.cancel(id);
+      break;
     }
-    const Sequence& q = sch.sequence(id);
-    if (q.status == SeqStatus::kFailed) fail("{}", q.error);
-    r.prompt.assign(q.tokens.begin(), q.tokens.end());
-    left -= static_cast<int64_t>(q.output().size());
-    if (q.finish != FinishReason::kLength || left == 0) finish = q.finish;
-    if (SigintCatcher::interrupted()) finish = FinishReason::kCancelled;
+    const StepInfo info = sch.step();
+    if (!prefill_timed) g.prefill_ms = info.ms;  // the first call reads the prompt
+    prefill_timed = true;
   }
-  all = r.prompt;
+  const Sequence& q = sch.sequence(id);
+  if (q.status == SeqStatus::kFailed) fail("{}", q.error);
+  all.assign(q.tokens.begin(), q.tokens.end());
   if (!g.generated.empty()) g.decode_ms = ms_since(t_decode);
-  const std::string tail = stream.flush();
-  g.text += tail;
-  on_text(tail);
-  switch (finish) {
-    case FinishReason::kEos:
-      g.stop = "eog";
-      break;
-    case FinishReason::kCancelled:
-      g.stop = "interrupted";
-      break;
-    case FinishReason::kContext:
-      g.stop = "context_full";
-      fmt::print(stderr, "\nnote: stopped at the context limit of {} tokens\n", s.n_ctx);
-      break;
-    default:
-      g.stop = "n_predict";
-  }
+  g.finish = q.finish;
+  g.stop = run_stop_name(q.finish);
+  if (q.finish == FinishReason::kContext)
+    fmt::print(stderr, "\nnote: stopped at the context limit of {} tokens\n", s.n_ctx);
   return g;
 }
 

@@ -18,6 +18,7 @@
 
 #include "barata/chat_template.h"
 #include "barata/engine.h"
+#include "barata/sequence.h"
 #include "barata/model.h"
 #include "barata/sampler.h"
 #include "barata/tokenizer.h"
@@ -94,16 +95,19 @@ class SigintCatcher {
 
 struct GenerateOptions {
   int n_predict = 256;
-  bool no_cache = false;     // recompute the whole sequence each step
-  int top_logits = 0;        // per step: the K largest (id, logit)
-  int show_probs = 0;        // per step: the K most likely (id, p)
-  bool print_probs = false;  // also write each step's probabilities to stderr
+  bool no_cache = false;          // recompute the whole sequence each step
+  int top_logits = 0;             // per step: the K largest (id, logit)
+  int show_probs = 0;             // per step: the K most likely (id, p)
+  bool print_probs = false;       // also write each step's probabilities to stderr
+  std::vector<std::string> stop;  // stop strings: the text ends before the first
 };
 
 struct Generation {
   std::vector<int32_t> generated;  // sampled ids, the end-of-generation token included
   std::string text;                // their text, end-of-generation token excluded
-  std::string stop = "n_predict";  // n_predict, eog, interrupted, context_full
+  std::string stop =
+      "n_predict";  // run_stop_name(finish): n_predict, eog, stop, interrupted, context_full
+  FinishReason finish = FinishReason::kNone;
   int64_t prefill_tokens = 0;
   double prefill_ms = 0, ttft_ms = 0, decode_ms = 0;
   nlohmann::json steps = nlohmann::json::array();
