@@ -319,8 +319,12 @@ bool Scheduler::emit(Sequence& s, int32_t token) {
     // A stop string may straddle pieces: search the new text with enough of the old.
     size_t longest = 0;
     for (const std::string& st : s.req.stop) longest = std::max(longest, st.size());
-    const size_t from = s.text.size() > longest ? s.text.size() - longest : 0;
+    size_t from = s.text.size() > longest ? s.text.size() - longest : 0;
     s.decoder->push(token, s.text);
+    if (s.req.stop_after_text) {
+      const size_t lead = s.text.find_first_not_of(" \t\r\n");
+      from = lead == std::string::npos ? s.text.size() : std::max(from, lead + 1);
+    }
     size_t cut = std::string::npos;
     for (const std::string& st : s.req.stop) {
       if (st.empty()) continue;

@@ -3,6 +3,7 @@
 // malformed file names its line, and runs on the tiny model (library and CLI)
 // and on SmolLM2 when fetched. No score is asserted: the rows and the count
 // of ok rows must agree with each other.
+#include <algorithm>
 #include <fstream>
 #include <string>
 
@@ -14,6 +15,7 @@
 #include "barata/error.h"
 #include "barata/file_io.h"
 #include "barata/model.h"
+#include "barata/sampler.h"
 #include "barata/tokenizer.h"
 #include "test_util.h"
 
@@ -166,6 +168,53 @@ TEST(Battery, TinyModelGivesARowPerQuestion) {
   for (const BatteryRow& row : short_r.rows) EXPECT_EQ(row.generated.size(), 1u);
   one.max_new_tokens = 0;
   EXPECT_THROW(run_battery(e, tok, qs, one), Error);
+}
+
+// The battery runs on the scheduler, several questions per step, its
+// replies cut at their first line by a stop string. The loop it replaced,
+// one question at a time (prefill, then greedy decode until the trimmed
+// text holds a newline), gives the same replies; the scheduler stops at the
+// newline itself, where the old loop ran until the next visible byte.
+TEST(Battery, RepliesEqualTheOneQuestionAtATimeLoop) {
+  const Model m = Model::load(test::tiny_model("aidreams260K.gguf"));
+  const Tokenizer tok = Tokenizer::from_gguf(m.file());
+  Engine e(m, {.n_threads = 1, .n_ctx = 128});
+  const auto qs = load_battery(battery_file());
+  const BatteryResult r = run_battery(e, tok, qs);
+  auto trimmed = [](std::string_view v) {
+    const size_t b = v.find_first_not_of(" \t\r\n");
+    if (b == std::string_view::npos) return std::string_view();
+    return v.substr(b, v.find_last_not_of(" \t\r\n") - b + 1);
+  };
+  std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
+  for (size_t i = 0; i < qs.size(); ++i) {
+    SCOPED_TRACE(qs[i].q);
+    const BatteryPrompt p = battery_prompt(tok, qs[i].q, {});
+    const std::vector<int32_t> ids = tok.encode(p.text, tok.add_bos_default(), p.parse_special);
+    const int seq = e.new_sequence();
+    e.prefill(seq, ids, logits.data());
+    StreamDecoder dec(tok);
+    std::string text;
+    std::vector<int32_t> generated;
+    for (int k = 0; k < 24; ++k) {
+      const int32_t t = argmax(logits);
+      generated.push_back(t);
+      if (tok.is_eog(t)) break;
+      text += dec.push(t);
+      if (trimmed(text).find('\n') != std::string_view::npos) break;
+      if (k + 1 == 24 || e.length(seq) >= e.n_ctx()) break;
+      e.decode(std::span<const int>(&seq, 1), std::span<const int32_t>(&t, 1), logits.data());
+    }
+    text += dec.flush();
+    e.free_sequence(seq);
+    std::string_view reply = trimmed(text);
+    reply = trimmed(reply.substr(0, reply.find('\n')));
+    EXPECT_EQ(r.rows[i].reply, std::string(reply));
+    const std::vector<int32_t>& now = r.rows[i].generated;
+    ASSERT_LE(now.size(), generated.size());
+    EXPECT_TRUE(std::equal(now.begin(), now.end(), generated.begin()));
+  }
+  EXPECT_EQ(e.blocks().blocks_in_use(), 0);
 }
 
 TEST(Battery, CliPrintsEveryQuestionAndTheScore) {

@@ -26,7 +26,10 @@ struct Request {
   int64_t max_tokens = 256;       // tokens to generate at most
   bool ignore_eos = false;        // generate max_tokens whatever is sampled
   std::vector<std::string> stop;  // stop strings (need SchedulerOptions::tokenizer)
-  double arrival_s = 0;           // when it arrives, seconds after the scheduler's clock zero
+  // Stop strings match only after the text's first non-whitespace byte (a
+  // reply that opens with blank lines goes on; the battery's "\n").
+  bool stop_after_text = false;
+  double arrival_s = 0;  // when it arrives, seconds after the scheduler's clock zero
   // A caller's engine sequence whose cache holds a prefix of `prompt` (a
   // chat's earlier turns): the request continues it, and at the end it is
   // left holding every token but the last sampled one. -1: the scheduler

@@ -1,4 +1,5 @@
 #include "barata/battery.h"
+#include "barata/scheduler.h"
 
 #include <cstdint>
 #include <span>
@@ -196,40 +197,54 @@ BatteryResult run_battery(Engine& engine, const Tokenizer& tok,
   const int64_t n_vocab = engine.model().config().n_vocab;
   if (tok.n_vocab() != n_vocab)
     fail("the tokenizer has {} tokens but the model's vocabulary has {}", tok.n_vocab(), n_vocab);
-  std::vector<float> logits(static_cast<size_t>(n_vocab));
-  BatteryResult res;
+  // Every question's prompt first: a bad one stops the run before any runs.
+  std::vector<std::vector<int32_t>> prompts;
   for (const BatteryQuestion& q : questions) {
     const BatteryPrompt p = battery_prompt(tok, q.q, o);
-    const std::vector<int32_t> ids = tok.encode(p.text, tok.add_bos_default(), p.parse_special);
+    std::vector<int32_t> ids = tok.encode(p.text, tok.add_bos_default(), p.parse_special);
     if (ids.empty()) fail("line {}: the question encodes to no tokens", q.line);
-    if (static_cast<int64_t>(ids.size()) > engine.n_ctx())
-      fail("line {}: the question has {} tokens but the context holds {}", q.line, ids.size(),
-           engine.n_ctx());
+    if (static_cast<int64_t>(ids.size()) >= engine.n_ctx())
+      fail(
+          "line {}: the question has {} tokens but the context holds {} (and the answer needs "
+          "more)",
+          q.line, ids.size(), engine.n_ctx());
+    prompts.push_back(std::move(ids));
+  }
+
+  // One scheduler batch, greedy, each reply ending at its first line (the
+  // stop string "\n" after the reply's first visible byte). Several at once
+  // on the CPU, whose rows are bit-identical in any batch; one at a time
+  // elsewhere, so that a reply never depends on its neighbours.
+  EngineSteps steps(engine);
+  SchedulerOptions so;
+  so.slots = engine.backend().kind() == DeviceKind::kCpu ? 4 : 1;
+  so.prefix_cache = false;
+  so.tokenizer = &tok;
+  so.is_eog = [&tok](int32_t t) { return tok.is_eog(t); };
+  Scheduler sch(steps, so);
+  std::vector<int> ids;
+  for (const std::vector<int32_t>& p : prompts) {
+    Request r;
+    r.prompt = p;
+    r.sampling.temperature = 0;
+    r.sampling.repeat_penalty = 1;
+    r.max_tokens = o.max_new_tokens;
+    r.stop = {"\n"};
+    r.stop_after_text = true;
+    ids.push_back(sch.submit(std::move(r)));
+  }
+  sch.run();
+
+  BatteryResult res;
+  for (size_t i = 0; i < questions.size(); ++i) {
+    const BatteryQuestion& q = questions[i];
+    const Sequence& s = sch.sequence(ids[i]);
+    if (s.status == SeqStatus::kFailed) fail("line {}: {}", q.line, s.error);
     BatteryRow row{q.q, q.answers, "", {}, false};
-    const int seq = engine.new_sequence();
-    try {
-      engine.prefill(seq, ids, logits.data());
-      StreamDecoder dec(tok);
-      std::string text;
-      for (int i = 0; i < o.max_new_tokens; ++i) {
-        const int32_t t = argmax(logits);
-        row.generated.push_back(t);
-        if (tok.is_eog(t)) break;
-        text += dec.push(t);
-        if (!trim(text).empty() && trim(text).find('\n') != std::string_view::npos) break;
-        if (i + 1 == o.max_new_tokens || engine.length(seq) >= engine.n_ctx()) break;
-        engine.decode(std::span<const int>(&seq, 1), std::span<const int32_t>(&t, 1),
-                      logits.data());
-      }
-      text += dec.flush();
-      std::string_view reply = trim(text);
-      reply = reply.substr(0, reply.find('\n'));
-      row.reply = std::string(trim(reply));
-    } catch (...) {
-      engine.free_sequence(seq);
-      throw;
-    }
-    engine.free_sequence(seq);
+    row.generated.assign(s.output().begin(), s.output().end());
+    std::string_view reply = trim(s.text);
+    reply = reply.substr(0, reply.find('\n'));
+    row.reply = std::string(trim(reply));
     row.ok = answer_in(row.reply, row.answers);
     res.correct += row.ok ? 1 : 0;
     res.rows.push_back(std::move(row));
