@@ -167,11 +167,12 @@ class Conversation {
     Generation g;
     {
       SigintCatcher catcher;
-      g = generate(s_, seq_, fresh, all, sampler_, {.n_predict = n_predict_},
-                   [](std::string_view piece) {
-                     std::fwrite(piece.data(), 1, piece.size(), stdout);
-                     std::fflush(stdout);
-                   });
+      GenerateOptions go;
+      go.n_predict = n_predict_;
+      g = generate(s_, seq_, fresh, all, sampler_, go, [](std::string_view piece) {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      });
     }
     std::fputs("\n", stdout);
     std::fflush(stdout);
@@ -223,7 +224,9 @@ class Conversation {
     if (!tokens.empty()) {  // the conversation into the cache, nothing generated (-n 0)
       seq_ = s_.engine.new_sequence();
       std::vector<int32_t> all;
-      generate(s_, seq_, tokens, all, sampler_, {.n_predict = 0}, [](std::string_view) {});
+      GenerateOptions go;
+      go.n_predict = 0;
+      generate(s_, seq_, tokens, all, sampler_, go, [](std::string_view) {});
       cached_ = tokens;
     }
     fmt::print(stderr,
