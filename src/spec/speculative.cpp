@@ -400,15 +400,12 @@ SpecResult speculative_generate(Engine& target, Drafter& drafter, std::span<cons
   SpecStats& st = res.stats;
   const size_t nv = static_cast<size_t>(target.model().config().n_vocab);
   std::vector<float> logits(nv * static_cast<size_t>(o.draft_max + 1));
-  const bool greedy = o.sampling.temperature <= 0.0f;
-  std::mt19937_64 rng(o.sampling.seed);
-  SamplingCandidates cand;
-  Draft::Dist p;
+  // The draws and the verification are the scheduler's (spec_choose,
+  // spec_verify): the slot holds the random stream, the scratch and the draft.
+  SpecSlot slot(nullptr, o.sampling.seed);
+  Draft& draft = slot.draft;
   auto choose = [&](const float* row) {
-    const std::span<const float> l(row, nv);
-    if (greedy) return argmax(l);
-    distribution(o.sampling, l, cand, p);
-    return draw(p, rng);
+    return spec_choose(o.sampling, std::span<const float>(row, nv), slot);
   };
 
   const int seq = target.new_sequence();
@@ -456,7 +453,6 @@ SpecResult speculative_generate(Engine& target, Drafter& drafter, std::span<cons
   const double c_prior = o.c_prior >= 0 ? o.c_prior : (drafter.uses_model() ? 0.5 : 0.0);
   AutoGamma autog(o.draft_max, c_prior,
                   prompt.size() >= 8 ? res.prefill_ms / static_cast<double>(prompt.size()) : 0.0);
-  Draft draft;
   std::vector<int32_t> rows;
   while (going) {
     // The target's cache holds ctx[0 .. L-1); ctx.back() is the next input.
@@ -501,29 +497,8 @@ SpecResult speculative_generate(Engine& target, Drafter& drafter, std::span<cons
     step.verify_ms = ms_since(tv);
     autog.verify(g + 1, step.verify_ms);
     // Keep the longest agreeing prefix, then the target's own token.
-    int k = 0;
     int32_t next = -1;
-    for (; k < g; ++k) {
-      const float* row = logits.data() + static_cast<size_t>(k) * nv;
-      const int32_t x = draft.tokens[static_cast<size_t>(k)];
-      if (greedy) {
-        const int32_t t = argmax(std::span<const float>(row, nv));
-        if (t != x) {
-          next = t;
-          break;
-        }
-      } else {
-        distribution(o.sampling, std::span<const float>(row, nv), cand, p);
-        bool ok = false;
-        const int32_t t = speculative_accept(
-            p, draft.q.empty() ? nullptr : &draft.q[static_cast<size_t>(k)], x, rng, &ok);
-        if (!ok) {
-          next = t;
-          break;
-        }
-      }
-    }
-    if (k == g) next = choose(logits.data() + static_cast<size_t>(g) * nv);  // the bonus token
+    const int k = spec_verify(o.sampling, logits.data(), static_cast<int64_t>(nv), slot, &next);
     target.truncate(seq, L + k);  // ctx and the kept drafted tokens
     step.accepted = k;
     autog.outcome(g, k);
