@@ -93,6 +93,8 @@ Scheduler::Scheduler(StepEngine& engine, SchedulerOptions opts)
     fail("scheduler: --draft-max {} is outside [1, 64]", opts_.draft_max);
   if (opts_.draft_min < 0 || opts_.draft_min > 64)
     fail("scheduler: --draft-min {} is outside [0, 64]", opts_.draft_min);
+  if (opts_.recompute && opts_.drafter_for)
+    fail("scheduler: speculative decoding needs the KV cache (--no-kv-cache recomputes it)");
   engine_.blocks().set_prefix_caching(opts_.prefix_cache);
   logits_.resize(static_cast<size_t>(engine_.n_vocab()));
 }
@@ -171,6 +173,12 @@ int Scheduler::submit(Request r) {
         return id;
       }
       s.spec = std::make_shared<SpecSlot>(std::move(d), s.sampler->options().seed);
+      if (opts_.draft_auto) {
+        const double c = opts_.draft_c_prior >= 0        ? opts_.draft_c_prior
+                         : s.spec->drafter->uses_model() ? 0.5
+                                                         : 0.0;
+        s.spec->autog = std::make_unique<AutoGamma>(opts_.draft_max, c);
+      }
     }
   }
   // Room for the whole generation up front: a step appends without allocating.
@@ -533,6 +541,8 @@ bool Scheduler::schedule() {
   // Drafts last, from what the budget and the pool have left: speculation
   // never delays a prompt or another sequence's token.
   if (opts_.drafter_for) {
+    int64_t sharing = 0;  // sequences in the step: a draft delays them all
+    for (const Work& w : work) sharing += w.padding ? 0 : 1;
     for (Work& w : work) {
       Sequence& s = *w.s;
       if (w.padding || !s.spec || w.n != 1 || s.t_first_token < 0 ||
@@ -540,8 +550,9 @@ bool Scheduler::schedule() {
         continue;
       s.spec->draft.tokens.clear();
       s.spec->draft.q.clear();
+      s.spec->step_draft_ms = 0;
       if (budget <= 0) continue;
-      draft(s, budget);
+      draft(s, budget, sharing);
       int g = static_cast<int>(s.spec->draft.tokens.size());
       const int64_t one = kv.blocks_needed(s.kv, 1);
       while (g > 0 && planned + kv.blocks_needed(s.kv, 1 + g) - one > kv.free_blocks()) --g;
@@ -628,6 +639,7 @@ void Scheduler::postprocess() {
     }
     s.n_computed += w.n;
     kv.publish(s.kv, s.tokens);
+    if (s.spec) measure_plain(s, w.n, info.ms);
     if (s.n_computed != static_cast<int64_t>(s.tokens.size())) continue;
     std::span<float> lg(logits_.data() + logit_row * engine_.n_vocab(),
                         static_cast<size_t>(engine_.n_vocab()));
@@ -665,13 +677,17 @@ void Scheduler::postprocess() {
 
 // Up to max_g tokens continuing s (fewer near max_tokens and the context's
 // end). A drafter that fails (a draft model's full pool) proposes nothing.
-void Scheduler::draft(Sequence& s, int64_t max_g) {
+void Scheduler::draft(Sequence& s, int64_t max_g, int64_t sharing) {
   SpecSlot& sp = *s.spec;
   const int64_t L = static_cast<int64_t>(s.tokens.size());
   const int64_t left = s.req.max_tokens - static_cast<int64_t>(s.output().size());
-  const int64_t gamma =
-      std::min({static_cast<int64_t>(opts_.draft_max), max_g, left - 1, engine_.n_ctx() - L});
+  int64_t want = opts_.draft_max;
+  if (sp.autog) want = sp.autog->choose(left, sp.drafter->pending(s.tokens), sharing);
+  const int64_t gamma = std::min({want, max_g, left - 1, engine_.n_ctx() - L});
   if (gamma <= 0) return;
+  // A round that first reads a long lag (the prompt, or what plain steps
+  // wrote) does not measure c: that is the catch-up, costed apart.
+  const int64_t lag = sp.autog && sp.drafter->uses_model() ? sp.drafter->pending(s.tokens) : 0;
   const auto t0 = std::chrono::steady_clock::now();
   try {
     sp.drafter->propose(s.tokens, static_cast<int>(gamma), sp.draft);
@@ -683,11 +699,14 @@ void Scheduler::draft(Sequence& s, int64_t max_g) {
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   sp.draft_ms += ms;
+  sp.step_draft_ms = ms;
   stats_.draft_ms += ms;
   if (static_cast<int64_t>(sp.draft.tokens.size()) > gamma) {
     sp.draft.tokens.resize(static_cast<size_t>(gamma));
     if (!sp.draft.q.empty()) sp.draft.q.resize(static_cast<size_t>(gamma));
   }
+  if (sp.autog && sp.drafter->uses_model() && !sp.draft.tokens.empty() && lag <= 2)
+    sp.autog->draft(static_cast<int>(sp.draft.tokens.size()), ms);
 }
 
 // The verify chunk's g + 1 rows of logits: the agreeing drafts and the
@@ -707,6 +726,18 @@ bool Scheduler::verify(Sequence& s, int g, const float* logits) {
   sp.drafted += g;
   sp.accepted += k;
   ++sp.verify_passes;
+  if (sp.autog) {
+    sp.autog->verify(g + 1, plan_.info.ms);
+    sp.autog->outcome(g, k);
+  }
+  if (SpecStats* st = s.req.spec_stats) {
+    st->drafted += g;
+    st->accepted += k;
+    st->draft_ms += sp.step_draft_ms;
+    st->verify_ms += plan_.info.ms;
+    ++st->verify_passes;
+    st->steps.push_back({g, k, sp.step_draft_ms, plan_.info.ms});
+  }
   ++stats_.verify_passes;
   plan_.info.accepted += k;
   bool stopped = false;
@@ -724,6 +755,28 @@ bool Scheduler::verify(Sequence& s, int g, const float* logits) {
   }
   kv.publish(s.kv, s.tokens);
   return stopped;
+}
+
+// A speculating sequence's step without a verify: a prompt chunk (its cost
+// per row is AutoGamma's first guess at a verify pass's) or a plain decode
+// row (the step a verify pass is weighed against).
+void Scheduler::measure_plain(Sequence& s, int64_t rows, double ms) {
+  SpecSlot& sp = *s.spec;
+  if (s.t_first_token < 0) {
+    sp.prefill_ms += ms;
+    sp.prefill_rows += rows;
+    if (sp.autog && s.n_computed == static_cast<int64_t>(s.tokens.size()))
+      sp.autog->set_row_ms(sp.prefill_rows >= 8 ? sp.prefill_ms / sp.prefill_rows : 0.0);
+    return;
+  }
+  if (rows != 1) return;  // recomputing after a preemption
+  if (sp.autog) sp.autog->plain(ms);
+  if (SpecStats* st = s.req.spec_stats) {
+    st->draft_ms += sp.step_draft_ms;
+    st->plain_ms += ms;
+    ++st->plain_steps;
+    st->steps.push_back({0, 0, sp.step_draft_ms, ms});
+  }
 }
 
 void Scheduler::run(const std::function<bool()>& keep_going) {

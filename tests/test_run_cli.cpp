@@ -85,6 +85,20 @@ TEST(RunCli, StopStringEndsTheText) {
     EXPECT_EQ(j["stop"], "stop");
     EXPECT_LT(j["generated_ids"].size(), jf["generated_ids"].size());
   }
+  // The same cut with a drafter: speculation is a mode of the one loop, and
+  // a verify pass's kept tokens meet the stop string one by one.
+  for (const std::string drafter :
+       {" --lookup 3", " --lookup 2 --draft-auto", " --draft-self int4-tensor --draft-max 4"}) {
+    SCOPED_TRACE(drafter);
+    const Result r = run(base + " --json --stop '" + stop + "'" + drafter);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const json j = json::parse(r.out);
+    EXPECT_EQ(j["text"], cut);
+    EXPECT_EQ(j["stop"], "stop");
+    ASSERT_TRUE(j.contains("speculative")) << r.out;
+    EXPECT_LE(j["speculative"]["accepted"].get<int64_t>(),
+              j["speculative"]["drafted"].get<int64_t>());
+  }
   const Result plain = run(base + " --stop '" + stop + "'");
   ASSERT_EQ(plain.status, 0) << plain.err;
   EXPECT_EQ(plain.out.find(stop), std::string::npos) << "the stop string is not printed";

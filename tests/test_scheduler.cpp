@@ -743,6 +743,54 @@ TEST(SchedulerSpec, LookupAndModelDraftsGiveThePlainIdsOnTheTinyModel) {
   }
 }
 
+// --draft-auto in the step: each sequence chooses its own gamma (plain
+// steps included) and the ids stay the plain ones, alone and in a batch.
+TEST(SchedulerSpec, DraftAutoPerSequenceGivesThePlainIds) {
+  Tiny tiny;
+  auto rs = tiny_requests();
+  for (auto& r : rs) r.max_tokens = 24;
+  const Outputs alone =
+      run_alone(rs, [&] { return std::make_unique<EngineOwner>(tiny.engine(256)); });
+  Engine draft(tiny.model, EngineOptions{.n_threads = 1, .n_ctx = 256, .cache_tokens = 4 * 256});
+  for (const char* kind : {"lookup", "model"}) {
+    for (int slots : {1, 4}) {
+      EngineOwner e(tiny.engine(4096));
+      SchedulerOptions o;
+      o.slots = slots;
+      o.draft_max = 6;
+      o.draft_auto = true;
+      const bool model = std::string(kind) == "model";
+      o.drafter_for = [&](const Request& r) -> std::unique_ptr<Drafter> {
+        if (model)
+          return std::make_unique<ModelDrafter>(draft, ModelDrafterOptions{r.sampling}, "self");
+        return std::make_unique<LookupDrafter>(3, 1);
+      };
+      SchedulerStats st;
+      EXPECT_EQ(run_all(e, rs, o, &st), alone) << kind << ", " << slots << " slots";
+      EXPECT_LE(st.accepted, st.draft_rows);
+      EXPECT_EQ(e.blocks().blocks_in_use(), 0);
+      EXPECT_EQ(draft.blocks().blocks_in_use(), 0);
+    }
+  }
+}
+
+// AutoGamma's rule for a shared step: a verify pass 30% dearer per extra
+// row pays for one sequence (E(0.9, 1) = 1.9 tokens for 1.3 steps) but not
+// when it delays seven others too ((7 + 1.9) / (8 x 1.3) < 1).
+TEST(SchedulerSpec, AutoGammaWeighsTheSequencesAStepDelays) {
+  for (int64_t n : {1, 8}) {
+    AutoGamma a(8, 0.0);
+    EXPECT_EQ(a.choose(1000, 0, n), 0) << "the first step is plain: it measures the step";
+    a.plain(10.0);
+    for (int k = 2; k <= 9; ++k) a.verify(k, 10.0 * (1.0 + 0.3 * (k - 1)));
+    const int g = a.choose(1000, 0, n);
+    if (n == 1)
+      EXPECT_GT(g, 0);
+    else
+      EXPECT_EQ(g, 0);
+  }
+}
+
 // Cancelling speculating sequences between steps (as the server does when a
 // client goes away) frees their blocks in the target's pool and, with their
 // drafters, in the draft model's.

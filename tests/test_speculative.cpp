@@ -357,7 +357,7 @@ TEST(Speculative, StopsAtEndOfGenerationAndAtNPredict) {
   const int32_t stop_at = want[7];
   o.is_eog = [&](int32_t t) { return t == stop_at; };
   const SpecResult r = speculative_generate(target.engine, d, prompt, o);
-  EXPECT_EQ(r.stop, "eog");
+  EXPECT_EQ(r.finish, FinishReason::kEos);
   const auto first = std::find(want.begin(), want.end(), stop_at);
   EXPECT_EQ(r.generated, std::vector<int32_t>(want.begin(), first + 1));
   o.is_eog = nullptr;

@@ -89,6 +89,13 @@ struct SchedulerOptions {
   std::function<std::unique_ptr<Drafter>(const Request&)> drafter_for;
   int draft_max = 8;
   int draft_min = 0;
+  // --draft-auto: each speculating sequence chooses its gamma (0 included)
+  // from its measured acceptance, draft cost and verify cost (AutoGamma,
+  // speculative.h), draft_max the largest. draft_c_prior: the draft's cost
+  // per token against a target step before it is measured (< 0: 0.5 for a
+  // model drafter, 0 for lookup).
+  bool draft_auto = false;
+  double draft_c_prior = -1;
   // No KV cache (`run --no-kv-cache`): before each of its tokens a sequence
   // drops its cache and recomputes its whole context, so a step costs what
   // the cache saves.
@@ -200,8 +207,11 @@ class Scheduler {
   void run_forward();
   void postprocess();
   int64_t plan_running();  // decode rows and prefill chunks of the running; the budget left
-  void draft(Sequence& s, int64_t max_g);  // a decode-ready speculating sequence's proposal
+  // A decode-ready speculating sequence's proposal, in a step `sharing` sequences share.
+  void draft(Sequence& s, int64_t max_g, int64_t sharing);
   bool verify(Sequence& s, int g, const float* logits);  // true when it stops
+  void measure_plain(Sequence& s, int64_t rows,
+                     double ms);  // a speculating sequence's non-verify step
   bool admissible(const Sequence& s, bool new_batch) const;
   void admit(Sequence& s);
   void preempt(Sequence& s);

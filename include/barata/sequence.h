@@ -17,7 +17,8 @@
 
 namespace barata {
 
-struct SpecSlot;  // speculative.h
+struct SpecSlot;   // speculative.h
+struct SpecStats;  // speculative.h
 
 struct Request {
   std::string id;                 // a caller's name for it (JSONL "id"), may be empty
@@ -46,6 +47,9 @@ struct Request {
   // A caller's sampler (its random state and penalty window carry across
   // requests); null: one made from `sampling`.
   Sampler* sampler = nullptr;
+  // Where a speculating sequence records each of its decode steps and
+  // verify passes (a caller's; null: only the scheduler's totals).
+  SpecStats* spec_stats = nullptr;
 };
 
 enum class SeqStatus { kWaiting, kRunning, kFinished, kFailed };

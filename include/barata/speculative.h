@@ -35,6 +35,7 @@
 
 #include "barata/engine.h"
 #include "barata/sampler.h"
+#include "barata/sequence.h"
 #include "barata/tokenizer.h"
 
 namespace barata {
@@ -156,13 +157,20 @@ struct SpecStats {
 
 struct SpecResult {
   std::vector<int32_t> generated;  // the end-of-generation token included
-  std::string stop = "n_predict";  // n_predict, eog, context_full, interrupted
+  // kLength (n_predict), kEos, kContext, kCancelled (on_token said stop).
+  FinishReason finish = FinishReason::kNone;
   double prefill_ms = 0, decode_ms = 0;
   SpecStats stats;
   // With keep_sequence: the target's sequence, holding every token but the
   // last generated one. Else -1 (freed).
   int seq = -1;
 };
+
+// A drafter the caller keeps, lent for one request (SchedulerOptions::drafter_for).
+std::unique_ptr<Drafter> borrow_drafter(Drafter& d);
+// The measurements of a run from its recorded steps: alpha, the plain
+// step's ms, each verify pass's cost against it and (a model drafter) c.
+void finish_spec_stats(SpecStats& st, int draft_max, bool uses_model);
 
 // Prefills `prompt` into a new sequence of `target` and generates up to
 // n_predict tokens with the drafter's proposals; the first token comes from
@@ -173,6 +181,55 @@ struct SpecResult {
 SpecResult speculative_generate(Engine& target, Drafter& drafter, std::span<const int32_t> prompt,
                                 const SpeculativeOptions& opts,
                                 const std::function<bool(int32_t)>& on_token = {});
+
+// What --draft-auto knows about one sequence: the acceptance rate, the
+// draft's cost per token, the one-position step and each k-position verify
+// pass, measured as it goes, with priors until they are: alpha 0.8 (worth
+// two tokens), c the caller's estimate (the weights' bytes), v from the
+// prompt's prefill (its cost per row against one step).
+//
+// In a step shared by n sequences, one sequence's draft and verify rows
+// delay all n: with the step's plain time T, its draft costs gamma c T and
+// the step v T, for n - 1 + E(gamma) tokens where a plain step gives n. So
+// the rate against plain is (n - 1 + E) / (n (gamma c + v)); at n = 1 the
+// reference text's E / (gamma c + v). c and v are measured on the steps the
+// sequence is in, whoever shares them.
+class AutoGamma {
+ public:
+  AutoGamma(int gmax, double c_prior, double prefill_row_ms = 0);
+  void set_row_ms(double ms) { row_ms_ = ms; }
+  void plain(double ms) { step_.add(ms); }
+  void draft(int n, double ms) {
+    if (n > 0) draft_.add(ms / n);
+  }
+  void verify(int k, double ms) { verify_[static_cast<size_t>(k)].add(ms); }
+  void outcome(int gamma, int accepted);
+  double alpha() const;
+  double c() const;
+  double v(int k) const;  // a k-position pass against a one-position pass
+  // The gamma to draft (0: a plain step) with `left` tokens still to
+  // generate, `pending` context tokens the drafter must read first, in a
+  // step shared by n_batch sequences.
+  int choose(int64_t left, int64_t pending, int64_t n_batch = 1);
+
+ private:
+  struct Ema {
+    double v = 0;
+    bool set = false;
+    void add(double x, double w = 0.25) {
+      v = set ? (1 - w) * v + w * x : x;
+      set = true;
+    }
+  };
+  double catch_up(int64_t pending) const;
+  int gmax_;
+  double c_prior_, row_ms_;
+  Ema step_, draft_;
+  std::vector<Ema> verify_;
+  double succ_ = 0, trials_ = 0;
+  int since_probe_ = 0;
+  int explores_ = 0;
+};
 
 // One sequence's speculative decoding inside the scheduler (the step's
 // mode: SchedulerOptions::drafter_for gives a request its drafter). The
@@ -189,6 +246,11 @@ struct SpecSlot {
   Draft::Dist p;
   int64_t drafted = 0, accepted = 0, verify_passes = 0;
   double draft_ms = 0;
+  double step_draft_ms = 0;  // this step's propose
+  // --draft-auto: this sequence's own choice of gamma (null: draft_max).
+  std::unique_ptr<AutoGamma> autog;
+  double prefill_ms = 0;  // steps the prompt rode in, and its rows (AutoGamma's row cost)
+  int64_t prefill_rows = 0;
 };
 // The target's token for one row of logits, as speculative decoding draws
 // it: argmax when greedy, else a draw from the sampling distribution.

@@ -11,6 +11,7 @@
 #include "barata/convert.h"
 #include "barata/error.h"
 #include "barata/quantize.h"
+#include "barata/scheduler.h"
 
 namespace barata {
 namespace {
@@ -52,123 +53,96 @@ double softmax_at(std::span<const float> logits, int32_t x) {
   return std::exp(static_cast<double>(logits[static_cast<size_t>(x)] - mx)) / sum;
 }
 
-// Exponentially weighted mean; unset until the first value.
-struct Ema {
-  double v = 0;
-  bool set = false;
-  void add(double x, double w = 0.25) {
-    v = set ? (1 - w) * v + w * x : x;
-    set = true;
-  }
-};
-
-// What --draft-auto knows: the acceptance rate, the draft's cost per token,
-// the one-position step and each k-position verify pass, all measured as the
-// run goes, with priors until they are: alpha 0.8 (worth two tokens), c the
-// caller's estimate (the weights' bytes), v from the prompt's prefill (its
-// cost per row against one step).
-class AutoGamma {
- public:
-  AutoGamma(int gmax, double c_prior, double prefill_row_ms)
-      : gmax_(gmax),
-        c_prior_(c_prior),
-        row_ms_(prefill_row_ms),
-        verify_(static_cast<size_t>(gmax) + 2) {}
-
-  void plain(double ms) { step_.add(ms); }
-  void draft(int n, double ms) {
-    if (n > 0) draft_.add(ms / n);
-  }
-  void verify(int k, double ms) { verify_[static_cast<size_t>(k)].add(ms); }
-  void outcome(int gamma, int accepted) {
-    // Decayed counts: recent verifies weigh more.
-    succ_ = succ_ * 0.9 + accepted;
-    trials_ = trials_ * 0.9 + accepted + (accepted < gamma ? 1 : 0);
-  }
-
-  double alpha() const { return (succ_ + 2 * 0.8) / (trials_ + 2); }
-  double c() const {
-    if (step_.set && draft_.set) return draft_.v / step_.v;
-    return c_prior_;
-  }
-  // A k-position pass against a one-position pass: measured; else the line
-  // through (1, 1) and the nearest measured pass; else the prefill's cost
-  // per row against the step.
-  double v(int k) const {
-    if (k <= 1) return 1.0;
-    if (verify_[static_cast<size_t>(k)].set) return verify_[static_cast<size_t>(k)].v / step_.v;
-    int best = -1;
-    for (int j = 2; j <= gmax_ + 1; ++j)
-      if (verify_[static_cast<size_t>(j)].set && (best < 0 || std::abs(j - k) < std::abs(best - k)))
-        best = j;
-    double slope = row_ms_ > 0 ? std::min(1.0, row_ms_ / step_.v) : 0.5;
-    if (best >= 0) slope = (verify_[static_cast<size_t>(best)].v / step_.v - 1.0) / (best - 1);
-    return 1.0 + std::max(slope, 0.0) * (k - 1);
-  }
-  // The drafter's pending context (tokens it must read before drafting) in
-  // target steps: a prefill of that many rows on the draft.
-  double catch_up(int64_t pending) const {
-    const double per_row = row_ms_ > 0 ? std::min(1.0, row_ms_ / step_.v) : 1.0;
-    return static_cast<double>(pending) * c() * per_row;
-  }
-
-  // 0: plain decoding. The first step is plain (it measures the step). The
-  // next two explore, at the gamma best under an optimistic alpha of 0.9,
-  // when that would pay over the tokens left 1.5 times over the drafter's
-  // catch-up (a bad draft then costs a few steps, not a run; two, so that
-  // one early rejection does not decide the run).
-  // After that: the gamma with the best predicted rate from the measured
-  // alpha (prior 0.8, worth two tokens), c and v, when it beats plain by 2%
-  // and pays for the catch-up; while plain wins, a probe every 32 steps
-  // where alpha + 0.15 would make speculation pay (the text may have turned
-  // predictable).
-  int choose(int64_t left, int64_t pending) {
-    if (!step_.set) return 0;
-    const double cc = c();
-    const auto best_at = [&](double a, double* rate) {
-      int best = 0;
-      *rate = 1.02;
-      for (int g = 1; g <= gmax_; ++g) {
-        const double r = predicted_speedup(a, g, cc, v(g + 1));
-        if (r > *rate) {
-          best = g;
-          *rate = r;
-        }
-      }
-      return best;
-    };
-    const auto pays = [&](double rate, double times) {
-      return static_cast<double>(left) * (1.0 - 1.0 / rate) > times * catch_up(pending);
-    };
-    double rate = 0;
-    if (explores_ < 2) {
-      ++explores_;
-      const int g = best_at(0.9, &rate);
-      if (g > 0 && pays(rate, explores_ == 1 ? 1.5 : 1.0)) return g;
-      explores_ = 2;
-    }
-    const int g = best_at(alpha(), &rate);
-    if (g > 0 && pays(rate, 1.0)) {
-      since_probe_ = 0;
-      return g;
-    }
-    if (++since_probe_ < 32) return 0;
-    since_probe_ = 0;
-    const int gp = best_at(std::min(1.0, alpha() + 0.15), &rate);
-    return gp > 0 && rate > 1.1 && pays(rate, 2.0) ? std::min(gp, 2) : 0;
-  }
-
- private:
-  int gmax_;
-  double c_prior_, row_ms_;
-  Ema step_, draft_;
-  std::vector<Ema> verify_;
-  double succ_ = 0, trials_ = 0;
-  int since_probe_ = 0;
-  int explores_ = 0;
-};
-
 }  // namespace
+
+AutoGamma::AutoGamma(int gmax, double c_prior, double prefill_row_ms)
+    : gmax_(gmax),
+      c_prior_(c_prior),
+      row_ms_(prefill_row_ms),
+      verify_(static_cast<size_t>(gmax) + 2) {}
+
+void AutoGamma::outcome(int gamma, int accepted) {
+  // Decayed counts: recent verifies weigh more.
+  succ_ = succ_ * 0.9 + accepted;
+  trials_ = trials_ * 0.9 + accepted + (accepted < gamma ? 1 : 0);
+}
+
+double AutoGamma::alpha() const {
+  return (succ_ + 2 * 0.8) / (trials_ + 2);
+}
+
+double AutoGamma::c() const {
+  if (step_.set && draft_.set) return draft_.v / step_.v;
+  return c_prior_;
+}
+
+// Measured; else the line through (1, 1) and the nearest measured pass;
+// else the prefill's cost per row against the step.
+double AutoGamma::v(int k) const {
+  if (k <= 1) return 1.0;
+  if (verify_[static_cast<size_t>(k)].set) return verify_[static_cast<size_t>(k)].v / step_.v;
+  int best = -1;
+  for (int j = 2; j <= gmax_ + 1; ++j)
+    if (verify_[static_cast<size_t>(j)].set && (best < 0 || std::abs(j - k) < std::abs(best - k)))
+      best = j;
+  double slope = row_ms_ > 0 ? std::min(1.0, row_ms_ / step_.v) : 0.5;
+  if (best >= 0) slope = (verify_[static_cast<size_t>(best)].v / step_.v - 1.0) / (best - 1);
+  return 1.0 + std::max(slope, 0.0) * (k - 1);
+}
+
+// The drafter's pending context (tokens it must read before drafting) in
+// target steps: a prefill of that many rows on the draft.
+double AutoGamma::catch_up(int64_t pending) const {
+  const double per_row = row_ms_ > 0 ? std::min(1.0, row_ms_ / step_.v) : 1.0;
+  return static_cast<double>(pending) * c() * per_row;
+}
+
+// 0: plain decoding. The first step is plain (it measures the step). The
+// next two explore, at the gamma best under an optimistic alpha of 0.9,
+// when that would pay over the tokens left 1.5 times over the drafter's
+// catch-up (a bad draft then costs a few steps, not a run; two, so that
+// one early rejection does not decide the run).
+// After that: the gamma with the best predicted rate from the measured
+// alpha (prior 0.8, worth two tokens), c and v, when it beats plain by 2%
+// and pays for the catch-up; while plain wins, a probe every 32 steps
+// where alpha + 0.15 would make speculation pay (the text may have turned
+// predictable).
+int AutoGamma::choose(int64_t left, int64_t pending, int64_t n_batch) {
+  if (!step_.set) return 0;
+  const double cc = c();
+  const double n = static_cast<double>(std::max<int64_t>(n_batch, 1));
+  const auto best_at = [&](double a, double* rate) {
+    int best = 0;
+    *rate = 1.02;
+    for (int g = 1; g <= gmax_; ++g) {
+      const double r = (n - 1.0 + expected_tokens_per_verify(a, g)) / (n * (g * cc + v(g + 1)));
+      if (r > *rate) {
+        best = g;
+        *rate = r;
+      }
+    }
+    return best;
+  };
+  const auto pays = [&](double rate, double times) {
+    return static_cast<double>(left) * (1.0 - 1.0 / rate) > times * catch_up(pending);
+  };
+  double rate = 0;
+  if (explores_ < 2) {
+    ++explores_;
+    const int g = best_at(0.9, &rate);
+    if (g > 0 && pays(rate, explores_ == 1 ? 1.5 : 1.0)) return g;
+    explores_ = 2;
+  }
+  const int g = best_at(alpha(), &rate);
+  if (g > 0 && pays(rate, 1.0)) {
+    since_probe_ = 0;
+    return g;
+  }
+  if (++since_probe_ < 32) return 0;
+  since_probe_ = 0;
+  const int gp = best_at(std::min(1.0, alpha() + 0.15), &rate);
+  return gp > 0 && rate > 1.1 && pays(rate, 2.0) ? std::min(gp, 2) : 0;
+}
 
 int32_t speculative_accept(const Draft::Dist& p, const Draft::Dist* q, int32_t x,
                            std::mt19937_64& rng, bool* accepted) {
@@ -384,6 +358,54 @@ Model quantized_copy(const std::filesystem::path& path, const std::string& schem
 
 // ---- the loop ---------------------------------------------------------------
 
+namespace {
+
+// A caller's drafter lent to the scheduler for one request.
+class BorrowedDrafter final : public Drafter {
+ public:
+  explicit BorrowedDrafter(Drafter& d) : d_(d) {}
+  void propose(std::span<const int32_t> ctx, int n, Draft& out) override {
+    d_.propose(ctx, n, out);
+  }
+  std::string describe() const override { return d_.describe(); }
+  bool uses_model() const override { return d_.uses_model(); }
+  int64_t pending(std::span<const int32_t> ctx) const override { return d_.pending(ctx); }
+
+ private:
+  Drafter& d_;
+};
+
+}  // namespace
+
+std::unique_ptr<Drafter> borrow_drafter(Drafter& d) {
+  return std::make_unique<BorrowedDrafter>(d);
+}
+
+void finish_spec_stats(SpecStats& st, int draft_max, bool uses_model) {
+  int64_t trials = 0;
+  std::vector<double> vsum(static_cast<size_t>(std::max(draft_max, 1)) + 2, 0.0);
+  std::vector<int> vn(vsum.size(), 0);
+  for (const SpecStep& s : st.steps) {
+    if (s.gamma == 0) continue;
+    trials += s.accepted + (s.accepted < s.gamma ? 1 : 0);
+    const size_t k = std::min(static_cast<size_t>(s.gamma) + 1, vsum.size() - 1);
+    vsum[k] += s.verify_ms;
+    ++vn[k];
+  }
+  st.alpha = trials ? static_cast<double>(st.accepted) / static_cast<double>(trials) : 0.0;
+  st.target_step_ms = st.plain_steps ? st.plain_ms / static_cast<double>(st.plain_steps) : 0.0;
+  st.verify_cost.assign(vsum.size(), 0.0);
+  st.c = 0;
+  if (st.target_step_ms > 0) {
+    for (size_t k = 2; k < vsum.size(); ++k)
+      if (vn[k]) st.verify_cost[k] = vsum[k] / vn[k] / st.target_step_ms;
+    if (st.drafted && uses_model)
+      st.c = st.draft_ms / static_cast<double>(st.drafted) / st.target_step_ms;
+  }
+}
+
+// One request on the scheduler, a batch of one: its speculative mode does
+// the drafting, verifying and --draft-auto; this gathers the timings.
 SpecResult speculative_generate(Engine& target, Drafter& drafter, std::span<const int32_t> prompt,
                                 const SpeculativeOptions& o,
                                 const std::function<bool(int32_t)>& on_token) {
@@ -397,140 +419,52 @@ SpecResult speculative_generate(Engine& target, Drafter& drafter, std::span<cons
     fail("the prompt has {} tokens but the context holds {}", prompt.size(), n_ctx);
 
   SpecResult res;
-  SpecStats& st = res.stats;
-  const size_t nv = static_cast<size_t>(target.model().config().n_vocab);
-  std::vector<float> logits(nv * static_cast<size_t>(o.draft_max + 1));
-  // The draws and the verification are the scheduler's (spec_choose,
-  // spec_verify): the slot holds the random stream, the scratch and the draft.
-  SpecSlot slot(nullptr, o.sampling.seed);
-  Draft& draft = slot.draft;
-  auto choose = [&](const float* row) {
-    return spec_choose(o.sampling, std::span<const float>(row, nv), slot);
-  };
+  EngineSteps steps(target);
+  SchedulerOptions so;
+  so.slots = 1;
+  so.max_batch_tokens = n_ctx;  // the prompt in one call
+  so.prefix_cache = false;
+  so.is_eog = o.is_eog;
+  so.drafter_for = [&drafter](const Request&) { return borrow_drafter(drafter); };
+  so.draft_max = o.draft_max;
+  so.draft_min = std::min(o.draft_min, 64);
+  so.draft_auto = o.auto_gamma;
+  so.draft_c_prior = o.c_prior;
+  Scheduler sch(steps, so);
 
-  const int seq = target.new_sequence();
-  struct Free {
-    Engine& e;
-    int s;
-    bool keep;
-    ~Free() {
-      if (!keep) e.free_sequence(s);
-    }
-  } free_seq{target, seq, o.keep_sequence};
-  if (o.keep_sequence) res.seq = seq;
-
-  std::vector<int32_t> ctx(prompt.begin(), prompt.end());
-  const auto t0 = Clock::now();
-  target.prefill(seq, prompt, logits.data());
-  res.prefill_ms = ms_since(t0);
-  const auto t_decode = Clock::now();
-
-  // Keeps a token; false when generation ends with it.
-  auto keep = [&](int32_t t) {
-    ctx.push_back(t);
+  Request r;
+  r.prompt.assign(prompt.begin(), prompt.end());
+  r.sampling = o.sampling;
+  r.max_tokens = std::max(o.n_predict, 0);
+  r.prefill_only = o.n_predict <= 0;
+  r.spec_stats = &res.stats;
+  if (o.keep_sequence) r.kv_seq = res.seq = target.new_sequence();
+  bool interrupted = false;
+  sch.on_token = [&](const Sequence&, int32_t t) {
+    if (interrupted) return;  // the rest of a verify pass after the caller stopped
     res.generated.push_back(t);
-    if (on_token && !on_token(t)) {
-      res.stop = "interrupted";
-      return false;
-    }
-    if (o.is_eog && o.is_eog(t)) {
-      res.stop = "eog";
-      return false;
-    }
-    if (static_cast<int64_t>(res.generated.size()) >= o.n_predict) {
-      res.stop = "n_predict";
-      return false;
-    }
-    if (static_cast<int64_t>(ctx.size()) >= n_ctx) {
-      res.stop = "context_full";
-      return false;
-    }
-    return true;
+    if (on_token && !on_token(t)) interrupted = true;
   };
-
-  if (o.n_predict <= 0) return res;
-  bool going = keep(choose(logits.data()));
-  const double c_prior = o.c_prior >= 0 ? o.c_prior : (drafter.uses_model() ? 0.5 : 0.0);
-  AutoGamma autog(o.draft_max, c_prior,
-                  prompt.size() >= 8 ? res.prefill_ms / static_cast<double>(prompt.size()) : 0.0);
-  std::vector<int32_t> rows;
-  while (going) {
-    // The target's cache holds ctx[0 .. L-1); ctx.back() is the next input.
-    const int64_t L = static_cast<int64_t>(ctx.size());
-    const int64_t left = o.n_predict - static_cast<int64_t>(res.generated.size());
-    int gamma = o.auto_gamma ? autog.choose(left, drafter.pending(ctx)) : o.draft_max;
-    gamma = static_cast<int>(std::min<int64_t>({gamma, left - 1, n_ctx - L}));
-    SpecStep step;
-    draft.tokens.clear();
-    if (gamma > 0) {
-      // A round that first reads a long lag (the prompt, or what plain steps
-      // wrote) does not measure c: that is the catch-up, costed apart.
-      const int64_t lag = drafter.pending(ctx);
-      const auto td = Clock::now();
-      drafter.propose(ctx, gamma, draft);
-      step.draft_ms = ms_since(td);
-      if (draft.tokens.size() > static_cast<size_t>(gamma)) draft.tokens.resize(gamma);
-      if (drafter.uses_model() && !draft.tokens.empty() && lag <= 2)
-        autog.draft(static_cast<int>(draft.tokens.size()), step.draft_ms);
-      if (static_cast<int>(draft.tokens.size()) < std::max(o.draft_min, 1)) draft.tokens.clear();
+  const int id = sch.submit(std::move(r));
+  bool first = true;
+  auto t_decode = Clock::now();
+  while (!sch.idle()) {
+    if (interrupted) {
+      sch.cancel(id);
+      break;
     }
-    const int g = static_cast<int>(draft.tokens.size());
-    step.gamma = g;
-    st.draft_ms += step.draft_ms;
-    if (g == 0) {  // a plain decode step
-      const auto tv = Clock::now();
-      const int32_t last = ctx.back();
-      target.decode(std::span<const int>(&seq, 1), std::span<const int32_t>(&last, 1),
-                    logits.data());
-      step.verify_ms = ms_since(tv);
-      autog.plain(step.verify_ms);
-      st.plain_ms += step.verify_ms;
-      ++st.plain_steps;
-      st.steps.push_back(step);
-      going = keep(choose(logits.data()));
-      continue;
+    const StepInfo info = sch.step();
+    if (first) {
+      res.prefill_ms = info.ms;
+      t_decode = Clock::now();
+      first = false;
     }
-    rows.assign(1, ctx.back());
-    rows.insert(rows.end(), draft.tokens.begin(), draft.tokens.end());
-    const auto tv = Clock::now();
-    target.prefill(seq, rows, logits.data(), true);
-    step.verify_ms = ms_since(tv);
-    autog.verify(g + 1, step.verify_ms);
-    // Keep the longest agreeing prefix, then the target's own token.
-    int32_t next = -1;
-    const int k = spec_verify(o.sampling, logits.data(), static_cast<int64_t>(nv), slot, &next);
-    target.truncate(seq, L + k);  // ctx and the kept drafted tokens
-    step.accepted = k;
-    autog.outcome(g, k);
-    st.drafted += g;
-    st.accepted += k;
-    st.verify_ms += step.verify_ms;
-    ++st.verify_passes;
-    st.steps.push_back(step);
-    for (int i = 0; i < k && going; ++i) going = keep(draft.tokens[static_cast<size_t>(i)]);
-    if (going) going = keep(next);
   }
   res.decode_ms = ms_since(t_decode);
-
-  // The run's own measurements.
-  int64_t trials = 0;
-  std::vector<double> vsum(static_cast<size_t>(o.draft_max) + 2, 0.0);
-  std::vector<int> vn(vsum.size(), 0);
-  for (const SpecStep& s : st.steps) {
-    if (s.gamma == 0) continue;
-    trials += s.accepted + (s.accepted < s.gamma ? 1 : 0);
-    vsum[static_cast<size_t>(s.gamma) + 1] += s.verify_ms;
-    ++vn[static_cast<size_t>(s.gamma) + 1];
-  }
-  st.alpha = trials ? static_cast<double>(st.accepted) / static_cast<double>(trials) : 0.0;
-  st.target_step_ms = st.plain_steps ? st.plain_ms / static_cast<double>(st.plain_steps) : 0.0;
-  st.verify_cost.assign(vsum.size(), 0.0);
-  if (st.target_step_ms > 0) {
-    for (size_t k = 2; k < vsum.size(); ++k)
-      if (vn[k]) st.verify_cost[k] = vsum[k] / vn[k] / st.target_step_ms;
-    if (st.drafted && drafter.uses_model())
-      st.c = st.draft_ms / static_cast<double>(st.drafted) / st.target_step_ms;
-  }
+  const Sequence& q = sch.sequence(id);
+  if (q.status == SeqStatus::kFailed) fail("{}", q.error);
+  res.finish = interrupted ? FinishReason::kCancelled : q.finish;
+  finish_spec_stats(res.stats, o.draft_max, drafter.uses_model());
   return res;
 }
 

@@ -49,8 +49,8 @@ int run(const AgreementArgs& a) {
   const std::vector<std::string> texts = prompt_texts(a);
   ModelOptions bo = a.model;
   bo.model = a.base;
-  Session base(bo);
-  Session cand(a.model);
+  Session base(session_options(bo));
+  Session cand(session_options(a.model));
   check_same_vocabulary(base.model, cand.model);
 
   std::vector<std::vector<int32_t>> prompts;

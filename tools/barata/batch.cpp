@@ -523,7 +523,7 @@ int run(BatchArgs& a) {
   for (size_t i = 0; i < specs.size(); ++i)
     if (specs[i].id.empty()) specs[i].id = std::to_string(i);
 
-  Session s(a.model);
+  Session s(session_options(a.model));
   DraftFactory draft;
   if (a.spec.any()) {
     draft = make_draft_factory(a.spec, s, a.slots);

@@ -28,7 +28,7 @@ int run(const BatteryArgs& a) {
   // The questions first: a bad file is refused before the model loads.
   const std::string path = a.questions.empty() ? default_battery_path().string() : a.questions;
   const std::vector<BatteryQuestion> qs = load_battery(path);
-  Session s(a.model);
+  Session s(session_options(a.model));
   BatteryOptions o;
   o.max_new_tokens = a.max_new_tokens;
   o.plain = a.no_chat;

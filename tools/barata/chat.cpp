@@ -169,11 +169,13 @@ class Conversation {
       SigintCatcher catcher;
       GenerateOptions go;
       go.n_predict = n_predict_;
+      go.interrupted = [] { return SigintCatcher::interrupted(); };
       g = generate(s_, seq_, fresh, all, sampler_, go, [](std::string_view piece) {
         std::fwrite(piece.data(), 1, piece.size(), stdout);
         std::fflush(stdout);
       });
     }
+    note_context_full(g, s_.n_ctx);
     std::fputs("\n", stdout);
     std::fflush(stdout);
     all.resize(static_cast<size_t>(s_.engine.length(seq_)));
@@ -186,9 +188,9 @@ class Conversation {
                "{:.2f} ms/token | context {}/{}{}]\n",
                g.prefill_tokens, keep, g.prefill_ms, g.generated.size(), ms, cached_.size(),
                s_.n_ctx,
-               g.stop == "interrupted"    ? " | interrupted"
-               : g.stop == "context_full" ? " | context full"
-                                          : "");
+               g.interrupted()                      ? " | interrupted"
+               : g.finish == FinishReason::kContext ? " | context full"
+                                                    : "");
   }
 
   // Back to the system prompt alone, the cache freed.
@@ -336,7 +338,7 @@ std::string argument(const std::string& line, size_t cmd_len) {
 }
 
 int chat(const ChatArgs& a) {
-  Session s(a.model);
+  Session s(session_options(a.model));
   Conversation conv(s, a);
   LineReader reader;
   fmt::print(stderr,

@@ -164,7 +164,7 @@ void write_plots(const Analysis& a, const std::string& dir) {
 int run(const OutlierArgs& a) {
   const std::string text =
       a.prompt_file.empty() ? a.prompt : read_regular_file(a.prompt_file, "prompt file");
-  Session s(a.model);
+  Session s(session_options(a.model));
   const int64_t n_layer = s.model.config().n_layer;
   const int64_t d = s.model.config().d_model;
   const int64_t layer = a.layer >= 0 ? a.layer : n_layer / 2;

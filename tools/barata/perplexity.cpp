@@ -57,7 +57,7 @@ int run_perplexity(PerplexityArgs& a) {
   if (!a.save_logits.empty() && !a.kl_base.empty())
     fail("--save-logits and --kl-base: give one (the base run saves, the candidate run compares)");
   const std::string text = read_regular_file(a.text_file, "text file");
-  Session s(a.m);
+  Session s(session_options(a.m));
   const std::vector<int32_t> tokens = perplexity_tokens(s.tok, text);
   const std::filesystem::path save(a.save_logits), base(a.kl_base);
   PerplexityOptions o;

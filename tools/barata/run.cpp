@@ -79,7 +79,7 @@ std::vector<int32_t> encode_prompt(const RunArgs& a, const Session& s, const Pro
 
 // The JSON document (--json) or the final newline, then the timing line on stderr.
 void report(const RunArgs& a, const Session& s, const std::vector<int32_t>& prompt,
-            const Generation& g, const SpecResult* spec, const std::string& draft_name) {
+            const Generation& g, const std::string& draft_name) {
   const double ms_per_step = g.ms_per_step();
   const size_t n_prompt = prompt.size();
   if (a.json) {
@@ -96,10 +96,14 @@ void report(const RunArgs& a, const Session& s, const std::vector<int32_t>& prom
         {"threads", s.engine.n_threads()},
         {"kv_cache", !a.no_cache},
     };
-    nlohmann::json j = {{"model", s.path}, {"prompt_ids", prompt}, {"generated_ids", g.generated},
-                        {"text", g.text},  {"stop", g.stop},       {"timings", timings}};
+    nlohmann::json j = {{"model", s.path},
+                        {"prompt_ids", prompt},
+                        {"generated_ids", g.generated},
+                        {"text", g.text},
+                        {"stop", run_stop_name(g.finish)},
+                        {"timings", timings}};
     if (!g.steps.empty()) j["steps"] = g.steps;
-    if (spec) j["speculative"] = spec_json(*spec, a.spec, draft_name);
+    if (a.spec.any()) j["speculative"] = spec_json(g.spec, a.spec, draft_name);
     fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     fmt::print("\n");
@@ -112,43 +116,34 @@ void report(const RunArgs& a, const Session& s, const std::vector<int32_t>& prom
              s.load_ms, n_prompt, g.prefill_ms, n_prompt / (g.prefill_ms / 1e3), g.ttft_ms,
              g.decode_steps(), ms_per_step, ms_per_step > 0 ? 1e3 / ms_per_step : 0.0,
              s.engine.n_threads(), a.no_cache ? "no KV cache" : "KV cache",
-             g.stop == "interrupted" ? " | interrupted" : "");
-  if (spec) fmt::print(stderr, "{}\n", spec_line(*spec, a.spec, draft_name));
+             g.interrupted() ? " | interrupted" : "");
+  if (a.spec.any()) fmt::print(stderr, "{}\n", spec_line(g.spec, a.spec, draft_name));
 }
 
 int run(const RunArgs& a) {
   // The prompt file first: a FIFO or a device is refused before the model loads.
   std::string text =
       a.prompt_file.empty() ? a.prompt : read_regular_file(a.prompt_file, "prompt file");
-  Session s(a.model);
+  Session s(session_options(a.model));
   const std::vector<int32_t> prompt = encode_prompt(a, s, build_prompt(a, s, std::move(text)));
   fmt::print(stderr, "{}\n", kv_pool_line(s.engine));
   Sampler sampler(a.sampling);
-  const GenerateOptions go{.n_predict = a.n_predict,
-                           .no_cache = a.no_cache,
-                           .top_logits = a.top_logits,
-                           .show_probs = a.show_probs,
-                           .print_probs = !a.json,
-                           .stop = a.stop};
+  DraftSetup d;
+  if (a.spec.any()) d = make_drafter(a.spec, s, a.sampling);
+  GenerateOptions go{.n_predict = a.n_predict,
+                     .no_cache = a.no_cache,
+                     .top_logits = a.top_logits,
+                     .show_probs = a.show_probs,
+                     .stop = a.stop,
+                     .drafter = d.drafter.get(),
+                     .draft_max = a.spec.draft_max,
+                     .draft_min = a.spec.draft_min,
+                     .draft_auto = a.spec.draft_auto,
+                     .draft_c_prior = d.drafter ? d.c_prior : -1.0,
+                     .interrupted = [] { return SigintCatcher::interrupted(); }};
+  if (!a.json) go.on_step = [&s](const nlohmann::json& st) { print_step_probs(s.tok, st); };
   std::vector<int32_t> all;
   Generation g;
-  if (a.spec.any()) {
-    DraftSetup d = make_drafter(a.spec, s, a.sampling);
-    SpecResult spec;
-    {
-      SigintCatcher catcher;
-      g = generate_speculative(
-          s, d, prompt, a.spec, a.sampling, a.n_predict,
-          [&](std::string_view piece) {
-            if (a.json) return;
-            std::fwrite(piece.data(), 1, piece.size(), stdout);
-            std::fflush(stdout);
-          },
-          &spec);
-    }
-    report(a, s, prompt, g, &spec, d.name);
-    return g.stop == "interrupted" ? 130 : 0;
-  }
   {
     SigintCatcher catcher;
     const int seq = s.engine.new_sequence();
@@ -158,8 +153,9 @@ int run(const RunArgs& a) {
       std::fflush(stdout);
     });
   }
-  report(a, s, prompt, g, nullptr, "");
-  return g.stop == "interrupted" ? 130 : 0;
+  note_context_full(g, s.n_ctx);
+  report(a, s, prompt, g, d.name);
+  return g.interrupted() ? 130 : 0;
 }
 
 }  // namespace
@@ -199,10 +195,6 @@ Command add_run(CLI::App& app) {
     if (!a->chat_template.empty()) a->chat = true;
     if (a->spec.any()) {
       if (a->no_cache) throw CLI::ValidationError("--no-kv-cache", "not with speculative decoding");
-      if (!a->stop.empty())
-        throw CLI::ValidationError("--stop", "not yet with speculative decoding in run");
-      if (a->top_logits > 0 || a->show_probs > 0)
-        throw CLI::ValidationError("--top-logits/--show-probs", "not with speculative decoding");
       if (a->sampling.repeat_penalty != 1.0f)
         throw CLI::ValidationError("--repeat-penalty",
                                    "speculative decoding takes no repetition penalty");

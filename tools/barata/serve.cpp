@@ -95,7 +95,7 @@ int serve(ServeArgs& a) {
   fmt::print("barata serve: listening on http://{}:{} ({} slots, queue {}, {})\n", o.host, port,
              o.slots, o.max_queue, o.api_keys.empty() ? "no API key" : "API key required");
   std::fflush(stdout);
-  Session s(mo);
+  Session s(session_options(mo));
   std::optional<ChatFamily> family;
   if (!a.chat_template.empty())
     family = chat_family_from_name(a.chat_template);

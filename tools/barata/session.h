@@ -1,6 +1,6 @@
 // What `run` and `chat` share: the model/context/thread and sampling flags
-// (validated the same way), loading the model, tokenizer and engine, the chat
-// template choice, Ctrl-C catching, and the prefill + sampling loop.
+// (validated the same way), the chat template choice and Ctrl-C catching.
+// Loading and generating are the library's (barata/session.h).
 #pragma once
 
 #include <atomic>
@@ -21,6 +21,7 @@
 #include "barata/sequence.h"
 #include "barata/model.h"
 #include "barata/sampler.h"
+#include "barata/session.h"
 #include "barata/tokenizer.h"
 
 namespace barata::cli {
@@ -45,30 +46,13 @@ void add_cache_type_options(CLI::App* sub, std::string& k, std::string& v);
 // A checked type name (the validators above) to its type.
 KvType cache_type(const std::string& name);
 
-// "KV pool: ..." for the engine's pool: users x context that fit, the
-// sliding-window layers' freed blocks counted.
-std::string kv_pool_line(const Engine& e);
-
 // --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n,
 // -s/--seed. Values outside the sampler's domain (NaN, a negative top-k, a
 // seed that does not fit 64 bits) are usage errors naming the flag.
 void add_sampling_options(CLI::App* sub, SamplerOptions& s);
 
-// The model, its tokenizer and an engine over it; not movable (the engine
-// refers to the model).
-struct Session {
-  explicit Session(const ModelOptions& o);
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
-
-  Clock::time_point t_start;
-  std::string path;
-  Model model;
-  Tokenizer tok;
-  int64_t n_ctx;
-  Engine engine;
-  double load_ms;
-};
+// The library's options for these flags, the default model's path filled in.
+SessionOptions session_options(const ModelOptions& o);
 
 // The chat format a file asks for: its tokenizer.chat_template, else its
 // architecture row's own format (none for llama, whose files span families).
@@ -93,43 +77,10 @@ class SigintCatcher {
   void (*prev_)(int);
 };
 
-struct GenerateOptions {
-  int n_predict = 256;
-  bool no_cache = false;          // recompute the whole sequence each step
-  int top_logits = 0;             // per step: the K largest (id, logit)
-  int show_probs = 0;             // per step: the K most likely (id, p)
-  bool print_probs = false;       // also write each step's probabilities to stderr
-  std::vector<std::string> stop;  // stop strings: the text ends before the first
-};
-
-struct Generation {
-  std::vector<int32_t> generated;  // sampled ids, the end-of-generation token included
-  std::string text;                // their text, end-of-generation token excluded
-  std::string stop =
-      "n_predict";  // run_stop_name(finish): n_predict, eog, stop, interrupted, context_full
-  FinishReason finish = FinishReason::kNone;
-  int64_t prefill_tokens = 0;
-  double prefill_ms = 0, ttft_ms = 0, decode_ms = 0;
-  nlohmann::json steps = nlohmann::json::array();
-
-  // The first token comes from the prefill's logits; the others cost a decode step each.
-  int64_t decode_steps() const {
-    return std::max<int64_t>(static_cast<int64_t>(generated.size()) - 1, 0);
-  }
-  double ms_per_step() const {
-    return decode_steps() > 0 ? decode_ms / static_cast<double>(decode_steps()) : 0.0;
-  }
-};
-
-// Appends `prompt` to sequence `seq` (whose tokens so far are `all`; the
-// sampler accepts the prompt), then samples up to n_predict tokens, feeding
-// each but the last back through the cache. `all` ends as the whole sequence
-// including the last sampled token, which the cache does not hold (so the
-// cache holds all[0 .. engine.length(seq))). Text reaches on_text as it
-// completes, the decoder's tail last. Stops early at an end-of-generation
-// token, at Ctrl-C (with a SigintCatcher alive), or when `all` fills n_ctx.
-Generation generate(Session& s, int seq, std::span<const int32_t> prompt, std::vector<int32_t>& all,
-                    Sampler& sampler, const GenerateOptions& o,
-                    const std::function<void(std::string_view)>& on_text);
+// For GenerateOptions::on_step: a step's probabilities as one stderr line.
+void print_step_probs(const Tokenizer& tok, const nlohmann::json& step);
+// Generation::finish as run and chat print it: a note on stderr when the
+// context filled.
+void note_context_full(const Generation& g, int64_t n_ctx);
 
 }  // namespace barata::cli

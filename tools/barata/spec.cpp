@@ -1,4 +1,4 @@
-// The draft flags, the drafter they name and run's speculative loop.
+// The draft flags, the drafter they name and its statistics' reports.
 #include "spec.h"
 
 #include <fmt/core.h>
@@ -91,46 +91,7 @@ DraftFactory make_draft_factory(const SpecArgs& a, Session& s, int slots) {
   return f;
 }
 
-Generation generate_speculative(Session& s, DraftSetup& d, std::span<const int32_t> prompt,
-                                const SpecArgs& a, const SamplerOptions& sampling, int n_predict,
-                                const std::function<void(std::string_view)>& on_text,
-                                SpecResult* spec) {
-  SpeculativeOptions o;
-  o.sampling = sampling;
-  o.draft_max = a.draft_max;
-  o.draft_min = a.draft_min;
-  o.auto_gamma = a.draft_auto;
-  o.c_prior = d.c_prior;
-  o.n_predict = n_predict;
-  const Tokenizer& tok = s.tok;
-  o.is_eog = [&tok](int32_t t) { return tok.is_eog(t); };
-  Generation g;
-  g.prefill_tokens = static_cast<int64_t>(prompt.size());
-  StreamDecoder stream(tok);
-  const auto t0 = Clock::now();
-  *spec = speculative_generate(s.engine, *d.drafter, prompt, o, [&](int32_t id) {
-    if (g.generated.empty()) g.ttft_ms = ms_since(t0);
-    g.generated.push_back(id);
-    if (!tok.is_eog(id)) {
-      const std::string piece = stream.push(id);
-      g.text += piece;
-      on_text(piece);
-    }
-    return !SigintCatcher::interrupted();
-  });
-  const std::string tail = stream.flush();
-  g.text += tail;
-  on_text(tail);
-  g.prefill_ms = spec->prefill_ms;
-  g.decode_ms = spec->decode_ms;
-  g.stop = spec->stop;
-  if (g.stop == "context_full")
-    fmt::print(stderr, "\nnote: stopped at the context limit of {} tokens\n", s.n_ctx);
-  return g;
-}
-
-nlohmann::json spec_json(const SpecResult& r, const SpecArgs& a, const std::string& name) {
-  const SpecStats& st = r.stats;
+nlohmann::json spec_json(const SpecStats& st, const SpecArgs& a, const std::string& name) {
   nlohmann::json vc = nlohmann::json::object();
   for (size_t k = 2; k < st.verify_cost.size(); ++k)
     if (st.verify_cost[k] > 0) vc[std::to_string(k)] = st.verify_cost[k];
@@ -152,8 +113,7 @@ nlohmann::json spec_json(const SpecResult& r, const SpecArgs& a, const std::stri
           {"verify_cost", vc}};
 }
 
-std::string spec_line(const SpecResult& r, const SpecArgs& a, const std::string& name) {
-  const SpecStats& st = r.stats;
+std::string spec_line(const SpecStats& st, const SpecArgs& a, const std::string& name) {
   std::string line = fmt::format(
       "speculative ({}, {}gamma {}): {} verify passes + {} plain steps | drafted {}, accepted {} "
       "({:.1f}%, alpha {:.3f}) | {:.2f} tokens per verify",

@@ -1,6 +1,6 @@
-// Speculative decoding on the command line: the draft flags `run` and
-// `spec-bench` share, the drafter they describe, and `run`'s generation loop
-// through it (include/barata/speculative.h).
+// Speculative decoding on the command line: the draft flags `run`,
+// `spec-bench`, `batch` and `serve` share, the drafter they describe, and
+// its statistics as JSON and text (include/barata/speculative.h).
 #pragma once
 
 #include <functional>
@@ -56,15 +56,8 @@ struct DraftFactory {
 };
 DraftFactory make_draft_factory(const SpecArgs& a, Session& s, int slots);
 
-// `run`'s generation through the drafter: ids, streamed text, timings as
-// generate() gives them; the speculative statistics in *spec.
-Generation generate_speculative(Session& s, DraftSetup& d, std::span<const int32_t> prompt,
-                                const SpecArgs& a, const SamplerOptions& sampling, int n_predict,
-                                const std::function<void(std::string_view)>& on_text,
-                                SpecResult* spec);
-
 // The statistics as JSON and as one stderr line.
-nlohmann::json spec_json(const SpecResult& r, const SpecArgs& a, const std::string& name);
-std::string spec_line(const SpecResult& r, const SpecArgs& a, const std::string& name);
+nlohmann::json spec_json(const SpecStats& st, const SpecArgs& a, const std::string& name);
+std::string spec_line(const SpecStats& st, const SpecArgs& a, const std::string& name);
 
 }  // namespace barata::cli

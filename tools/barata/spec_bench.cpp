@@ -116,7 +116,7 @@ int run(const BenchArgs& a) {
   if (texts.empty()) texts = kDefaultPrompts;
   const std::vector<int> gammas = parse_gammas(a.gammas, 64);
 
-  Session s(a.model);
+  Session s(session_options(a.model));
   SamplerOptions greedy;
   greedy.temperature = 0.0f;
   SpecArgs spec = a.spec;
