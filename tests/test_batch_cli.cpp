@@ -155,8 +155,16 @@ TEST(BatchCli, SpeculativeDraftsGiveThePlainIds) {
     for (size_t i = 0; i < kRequests.size(); ++i)
       EXPECT_EQ(s["per_request"][i]["output_ids"], p["per_request"][i]["output_ids"]) << i;
   }
-  const Result bad = cli(base + " --lookup 3 --draft-auto");
-  EXPECT_NE(bad.status, 0) << "batch has a fixed gamma: --draft-auto is not a batch flag";
+  // --draft-auto: each sequence chooses its gamma, plain steps included.
+  const Result autog = cli(base + " --lookup 3 --draft-auto");
+  ASSERT_EQ(autog.status, 0) << autog.err;
+  const json s = policy(json::parse(autog.out), "continuous");
+  ASSERT_TRUE(s.is_object());
+  for (size_t i = 0; i < kRequests.size(); ++i)
+    EXPECT_EQ(s["per_request"][i]["output_ids"], p["per_request"][i]["output_ids"]) << i;
+  const Result bad = cli(base + " --draft-auto");
+  EXPECT_NE(bad.status, 0) << "--draft-auto needs a drafter";
+  EXPECT_NE(bad.err.find("need a drafter"), std::string::npos) << bad.err;
 }
 
 TEST(BatchCli, PrefixCacheHitsWithoutChangingIds) {

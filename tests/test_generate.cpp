@@ -70,8 +70,8 @@ TEST(Generate, ZeroPredictNoCacheAndInterrupt) {
     Sampler sampler(SamplerOptions{.temperature = 0.0f});
     std::vector<int32_t> all;
     const int seq = s.engine.new_sequence();
-    const Generation g = generate(s, seq, prompt, all, sampler, {.n_predict = 0},
-                                  [](std::string_view) {});
+    const Generation g =
+        generate(s, seq, prompt, all, sampler, {.n_predict = 0}, [](std::string_view) {});
     EXPECT_TRUE(g.generated.empty());
     EXPECT_EQ(s.engine.length(seq), static_cast<int64_t>(prompt.size()));
     s.engine.free_sequence(seq);

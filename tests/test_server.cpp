@@ -209,10 +209,11 @@ TEST(Server, CompletionMatchesTheSchedulerAloneAndStreams) {
 TEST(Server, SpeculativeRepliesEqualPlain) {
   Model draft_model = Model::load(stories());
   Engine draft(draft_model, {.n_threads = 1, .n_ctx = 128, .cache_tokens = 4 * 128});
-  for (const char* kind : {"lookup", "model"}) {
+  for (const char* kind : {"lookup", "model", "lookup, --draft-auto"}) {
     SCOPED_TRACE(kind);
     ServerOptions o;
     const bool model = std::string(kind) == "model";
+    o.draft_auto = std::string(kind).find("auto") != std::string::npos;
     o.drafter_for = [&draft, model](const Request& r) -> std::unique_ptr<Drafter> {
       if (model)
         return std::make_unique<ModelDrafter>(draft, ModelDrafterOptions{r.sampling}, "self");
@@ -239,7 +240,8 @@ TEST(Server, SpeculativeRepliesEqualPlain) {
       const std::vector<int32_t> ids = s.tok.encode(asks[i].first, s.tok.add_bos_default(), false);
       EXPECT_EQ(got[i], alone(stories(), ids, asks[i].second)) << asks[i].first;
     }
-    EXPECT_GT(s.metric("barata_speculative_accepted_tokens_total"), 0);
+    if (!o.draft_auto)  // auto may find plain steps cheaper in a batch of four
+      EXPECT_GT(s.metric("barata_speculative_accepted_tokens_total"), 0);
     EXPECT_EQ(s.metric("barata_kv_blocks_used"), 0);
     EXPECT_EQ(draft.blocks().blocks_in_use(), 0);
   }

@@ -57,6 +57,8 @@ struct ServerOptions {
   // Speculative decoding per request (SchedulerOptions::drafter_for); null: none.
   std::function<std::unique_ptr<Drafter>(const Request&)> drafter_for;
   int draft_max = 8, draft_min = 0;
+  bool draft_auto = false;  // each request chooses its gamma (SchedulerOptions::draft_auto)
+  double draft_c_prior = -1;
 };
 
 class Server {
@@ -75,7 +77,8 @@ class Server {
   // The drafter of each request, when it is known only once the model is
   // loaded (before serve()).
   void set_drafter(std::function<std::unique_ptr<Drafter>(const Request&)> drafter_for,
-                   int draft_max, int draft_min);
+                   int draft_max, int draft_min, bool draft_auto = false,
+                   double draft_c_prior = -1);
   // Runs the engine loop in this thread until shutdown() and the drain are
   // over, then stops the HTTP side. The engine's KV pool must be empty.
   void serve(Engine& engine, const Tokenizer& tok);

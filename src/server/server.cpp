@@ -769,6 +769,8 @@ void Server::Impl::engine_loop() {
   so.drafter_for = o.drafter_for;
   so.draft_max = o.draft_max;
   so.draft_min = o.draft_min;
+  so.draft_auto = o.draft_auto;
+  so.draft_c_prior = o.draft_c_prior;
   const Tokenizer* t = tok;
   so.is_eog = [t](int32_t id) { return t->is_eog(id); };
   const Clock::time_point zero = t0;
@@ -999,11 +1001,13 @@ void Server::set_chat(std::optional<ChatFamily> family, std::string default_syst
 }
 
 void Server::set_drafter(std::function<std::unique_ptr<Drafter>(const Request&)> drafter_for,
-                         int draft_max, int draft_min) {
+                         int draft_max, int draft_min, bool draft_auto, double draft_c_prior) {
   if (impl_->ready) fail("internal: Server::set_drafter after serve");
   impl_->o.drafter_for = std::move(drafter_for);
   impl_->o.draft_max = draft_max;
   impl_->o.draft_min = draft_min;
+  impl_->o.draft_auto = draft_auto;
+  impl_->o.draft_c_prior = draft_c_prior;
 }
 
 void Server::shutdown() {

@@ -45,6 +45,7 @@ struct BatchArgs {
   SpecArgs spec;
   // Set from spec once the model is loaded: a drafter per request.
   std::function<std::unique_ptr<Drafter>(const Request&)> drafter_for;
+  double c_prior = -1;  // --draft-auto's prior for the draft's cost
 };
 
 // One request's outcome under one policy.
@@ -176,6 +177,8 @@ PolicyRun run_policy(Session& s, const BatchArgs& a, BatchPolicy policy,
   o.drafter_for = a.drafter_for;
   o.draft_max = a.spec.draft_max;
   o.draft_min = a.spec.draft_min;
+  o.draft_auto = a.spec.draft_auto;
+  o.draft_c_prior = a.c_prior;
   const Tokenizer& tok = s.tok;
   o.is_eog = [&tok](int32_t t) { return tok.is_eog(t); };
   o.tokenizer = &s.tok;
@@ -528,6 +531,7 @@ int run(BatchArgs& a) {
   if (a.spec.any()) {
     draft = make_draft_factory(a.spec, s, a.slots);
     a.drafter_for = draft.drafter_for;
+    a.c_prior = draft.setup.c_prior;
   }
   const std::vector<int32_t> prefix = workload::shared_prefix_ids(s.tok, a.shared_prefix);
   std::vector<Request> requests;
@@ -555,9 +559,10 @@ int run(BatchArgs& a) {
           a.shared_prefix,
           a.arrival_interval_ms > 0 ? fmt::format("one arrival every {} ms", a.arrival_interval_ms)
                                     : std::string("arrivals as given (default: all at 0)")) +
-      (a.spec.any() ? fmt::format(", speculative: {}, up to {} drafted tokens per step",
-                                  draft.setup.name, a.spec.draft_max)
-                    : std::string());
+      (a.spec.any()
+           ? fmt::format(", speculative: {}, {}{} drafted tokens per step", draft.setup.name,
+                         a.spec.draft_auto ? "auto, at most " : "up to ", a.spec.draft_max)
+           : std::string());
   if (a.json) {
     fmt::print(stderr, "{}\n{}\n", header, pool);
   } else {
@@ -724,8 +729,9 @@ Command add_batch(CLI::App& app) {
   sub->callback([a] {
     if (a->requests.empty() && a->workload.empty())
       throw CLI::RequiredError("--requests FILE or --workload NAME");
+    check_spec_args(a->spec);
   });
-  add_spec_options(sub, a->spec, /*with_tuning=*/true, /*with_auto=*/false);
+  add_spec_options(sub, a->spec);
   return {sub, [a] { return run(*a); }};
 }
 

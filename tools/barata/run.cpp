@@ -198,10 +198,8 @@ Command add_run(CLI::App& app) {
       if (a->sampling.repeat_penalty != 1.0f)
         throw CLI::ValidationError("--repeat-penalty",
                                    "speculative decoding takes no repetition penalty");
-    } else if (a->spec.draft_auto || a->spec.p_min > 0) {
-      throw CLI::ValidationError("--draft-auto/--draft-p-min",
-                                 "need a drafter (--draft, --draft-self or --lookup)");
     }
+    check_spec_args(a->spec);
     if (a->prompt.empty() && a->prompt_file.empty()) throw CLI::RequiredError("-p or -f");
   });
   return {sub, [a] { return run(*a); }};

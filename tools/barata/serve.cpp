@@ -109,9 +109,10 @@ int serve(ServeArgs& a) {
   DraftFactory draft;
   if (a.spec.any()) {
     draft = make_draft_factory(a.spec, s, o.slots);
-    server.set_drafter(draft.drafter_for, a.spec.draft_max, a.spec.draft_min);
-    fmt::print("barata serve: speculative decoding: {}, up to {} drafted tokens per step\n",
-               draft.setup.name, a.spec.draft_max);
+    server.set_drafter(draft.drafter_for, a.spec.draft_max, a.spec.draft_min, a.spec.draft_auto,
+                       draft.setup.c_prior);
+    fmt::print("barata serve: speculative decoding: {}, {}{} drafted tokens per step\n",
+               draft.setup.name, a.spec.draft_auto ? "auto, at most " : "up to ", a.spec.draft_max);
   }
   fmt::print(
       "barata serve: ready: {} ({} threads, context {}, {} tokens of KV cache, chat "
@@ -179,7 +180,8 @@ Command add_serve(CLI::App& app) {
                 "client's text is text)");
   // The defaults of requests that do not set temperature / top_p.
   add_sampling_options(sub, a->server.sampling);
-  add_spec_options(sub, a->spec, /*with_tuning=*/true, /*with_auto=*/false);
+  add_spec_options(sub, a->spec);
+  sub->callback([a] { check_spec_args(a->spec); });
   return {sub, [a] { return serve(*a); }};
 }
 

@@ -8,7 +8,7 @@
 
 namespace barata::cli {
 
-void add_spec_options(CLI::App* sub, SpecArgs& a, bool with_tuning, bool with_auto) {
+void add_spec_options(CLI::App* sub, SpecArgs& a, bool with_tuning) {
   auto* d = sub->add_option("--draft", a.draft,
                             "Draft model (GGUF) for speculative decoding; same vocabulary")
                 ->check(CLI::ExistingFile);
@@ -28,14 +28,19 @@ void add_spec_options(CLI::App* sub, SpecArgs& a, bool with_tuning, bool with_au
     sub->add_option("--draft-min", a.draft_min,
                     "A draft shorter than this is not verified (a plain step instead)")
         ->check(CLI::Range(0, 64));
-    if (with_auto)
-      sub->add_flag("--draft-auto", a.draft_auto,
-                    "Choose gamma (0: plain decoding) from the measured acceptance, draft cost "
-                    "and verify cost as it runs");
+    sub->add_flag("--draft-auto", a.draft_auto,
+                  "Choose gamma (0: plain decoding) from the measured acceptance, draft cost "
+                  "and verify cost as it runs");
   }
   sub->add_option("--draft-p-min", a.p_min,
                   "Stop drafting when the draft's probability of its token is below P")
       ->check(CLI::Range(0.0f, 1.0f));
+}
+
+void check_spec_args(const SpecArgs& a) {
+  if (!a.any() && (a.draft_auto || a.p_min > 0))
+    throw CLI::ValidationError("--draft-auto/--draft-p-min",
+                               "need a drafter (--draft, --draft-self or --lookup)");
 }
 
 DraftSetup make_drafter(const SpecArgs& a, Session& s, const SamplerOptions& sampling,

@@ -29,8 +29,12 @@ struct SpecArgs {
   bool any() const { return !draft.empty() || !draft_self.empty() || lookup > 0; }
 };
 // with_tuning: also --draft-max/--draft-min/--draft-auto (spec-bench sweeps
-// them); with_auto false leaves --draft-auto out (serve and batch: a fixed gamma).
-void add_spec_options(CLI::App* sub, SpecArgs& a, bool with_tuning = true, bool with_auto = true);
+// them itself).
+void add_spec_options(CLI::App* sub, SpecArgs& a, bool with_tuning = true);
+
+// --draft-auto, --draft-p-min, --draft-max or --draft-min without a drafter
+// (--draft, --draft-self, --lookup) is a usage error.
+void check_spec_args(const SpecArgs& a);
 
 // The drafter the flags name, with the draft model and its engine when it
 // has one. The draft model's vocabulary is checked against the target's.
