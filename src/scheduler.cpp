@@ -383,6 +383,7 @@ StepInfo Scheduler::step() {
   if (!schedule()) return plan_.info;
   run_forward();
   postprocess();
+  if (on_step) on_step(plan_.info, plan_.busy);
   return plan_.info;
 }
 

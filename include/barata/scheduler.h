@@ -166,6 +166,9 @@ class Scheduler {
   // not to be (or the sequence ends), and a stop string is never passed on.
   // The pieces add up to Sequence::text.
   std::function<void(const Sequence&, std::string_view text)> on_text;
+  // After each step that ran a forward call, with the slots that did useful
+  // work in it (a static batch's finished members not counted).
+  std::function<void(const StepInfo&, int64_t busy)> on_step;
   // Called once when a sequence finishes or fails.
   std::function<void(const Sequence&)> on_finish;
   // Called with a sequence's logits just before its next token is sampled

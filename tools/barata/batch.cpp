@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "barata/atomic_file.h"
+#include "barata/batch_run.h"
 #include "barata/bench.h"
 #include "barata/error.h"
 #include "barata/file_io.h"
@@ -46,63 +47,6 @@ struct BatchArgs {
   // Set from spec once the model is loaded: a drafter per request.
   std::function<std::unique_ptr<Drafter>(const Request&)> drafter_for;
   double c_prior = -1;  // --draft-auto's prior for the draft's cost
-};
-
-// One request's outcome under one policy.
-struct Row {
-  std::string id;
-  int64_t prompt_tokens = 0;
-  std::vector<int32_t> output;
-  std::string text, status, finish, error;
-  double arrival_s = 0, latency_s = -1, ttft_s = -1;
-  int64_t preemptions = 0, prefix_hit_tokens = 0;
-  bool ok() const { return status == "finished" && finish != "cancelled"; }
-};
-
-// One step as the charts need it.
-struct StepRecord {
-  double t_s = 0;  // the scheduler clock at the end of the step
-  int64_t running = 0, busy = 0, rows = 0;
-};
-
-struct PolicyRun {
-  BatchPolicy policy = BatchPolicy::kContinuous;
-  double wall_s = 0;
-  SchedulerStats stats;
-  std::vector<Row> rows;
-  std::vector<StepRecord> steps;
-  bool interrupted = false;
-
-  int64_t failed() const {
-    return std::count_if(rows.begin(), rows.end(),
-                         [](const Row& r) { return r.status == "failed"; });
-  }
-  int64_t finished() const {
-    return std::count_if(rows.begin(), rows.end(), [](const Row& r) { return r.ok(); });
-  }
-  std::vector<double> latencies() const {
-    std::vector<double> v;
-    for (const Row& r : rows)
-      if (r.ok()) v.push_back(r.latency_s);
-    return v;
-  }
-  std::vector<double> ttfts() const {
-    std::vector<double> v;
-    for (const Row& r : rows)
-      if (r.ok() && r.ttft_s >= 0) v.push_back(r.ttft_s);
-    return v;
-  }
-  double tokens_per_s() const {
-    return wall_s > 0 ? static_cast<double>(stats.generated_tokens) / wall_s : 0;
-  }
-  double requests_per_s() const {
-    return wall_s > 0 ? static_cast<double>(finished()) / wall_s : 0;
-  }
-  double slot_utilization(int slots) const {
-    return stats.steps > 0 ? static_cast<double>(stats.busy_slot_steps) /
-                                 (static_cast<double>(stats.steps) * slots)
-                           : 0;
-  }
 };
 
 // The carriage-return progress line on stderr, at most ~4 updates a second,
@@ -140,221 +84,14 @@ std::vector<BatchPolicy> policies_of(const std::string& p) {
   return {BatchPolicy::kStatic, BatchPolicy::kContinuous};
 }
 
-std::string status_name(SeqStatus s) {
-  switch (s) {
-    case SeqStatus::kWaiting:
-      return "waiting";
-    case SeqStatus::kRunning:
-      return "running";
-    case SeqStatus::kFinished:
-      return "finished";
-    case SeqStatus::kFailed:
-      return "failed";
-  }
-  return "?";
-}
-
-// Every block back in the pool and the prefix cache cold, as if the engine
-// were new (the Scheduler frees what it holds when it dies).
-void reset_pool(Engine& engine) {
-  KvBlockManager& kv = engine.blocks();
-  kv.clear_prefix_cache();
-  if (kv.blocks_in_use() != 0)
-    fail("internal: {} KV blocks still in use after a policy's run", kv.blocks_in_use());
-}
-
-PolicyRun run_policy(Session& s, const BatchArgs& a, BatchPolicy policy,
-                     const std::vector<Request>& requests, const std::vector<RequestSpec>& specs,
-                     Progress& progress) {
-  reset_pool(s.engine);
-  PolicyRun out;
-  out.policy = policy;
-  SchedulerOptions o;
-  o.policy = policy;
-  o.slots = a.slots;
-  o.max_batch_tokens = a.max_batch_tokens;
-  o.prefix_cache = !a.no_prefix_cache;
-  o.drafter_for = a.drafter_for;
-  o.draft_max = a.spec.draft_max;
-  o.draft_min = a.spec.draft_min;
-  o.draft_auto = a.spec.draft_auto;
-  o.draft_c_prior = a.c_prior;
-  const Tokenizer& tok = s.tok;
-  o.is_eog = [&tok](int32_t t) { return tok.is_eog(t); };
-  o.tokenizer = &s.tok;
-  EngineSteps steps(s.engine);
-  {
-    Scheduler sch(steps, o);
-    int64_t finished = 0;
-    sch.on_finish = [&finished](const Sequence&) { ++finished; };
-    for (const Request& r : requests) sch.submit(r);
-    const int64_t total = sch.n_sequences();
-    bool cancelled = false;
-    while (!sch.idle()) {
-      if (SigintCatcher::interrupted() && !cancelled) {
-        out.interrupted = cancelled = true;
-        for (int i = 0; i < total; ++i)
-          if (!sch.sequence(i).done()) sch.cancel(i);
-        continue;
-      }
-      const int64_t busy_before = sch.stats().busy_slot_steps;
-      const StepInfo info = sch.step();
-      if (info.rows == 0) {
-        if (sch.idle()) break;
-        // Nothing can run until the next request arrives.
-        double next = std::numeric_limits<double>::infinity();
-        for (int i = 0; i < total; ++i) {
-          const Sequence& q = sch.sequence(i);
-          if (q.status == SeqStatus::kWaiting) next = std::min(next, q.req.arrival_s);
-        }
-        const double wait = next - sch.now();
-        if (!std::isfinite(next) || wait <= 0)
-          fail("internal: the scheduler ran nothing with requests left and none still to arrive");
-        if (wait > 0)
-          std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait, 0.05)));
-        progress.update(sch, policy, finished, total, false);
-        continue;
-      }
-      out.steps.push_back(
-          {sch.now(), info.running, sch.stats().busy_slot_steps - busy_before, info.rows});
-      progress.update(sch, policy, finished, total, false);
-    }
-    out.wall_s = sch.now();
-    progress.update(sch, policy, finished, total, true);
-    progress.end();
-    out.stats = sch.stats();
-    for (int i = 0; i < total; ++i) {
-      const Sequence& q = sch.sequence(i);
-      Row r;
-      r.id = specs[static_cast<size_t>(i)].id;
-      r.prompt_tokens = q.n_prompt;
-      r.output.assign(q.output().begin(), q.output().end());
-      r.text = q.text;
-      r.status = status_name(q.status);
-      r.finish = finish_name(q.finish);
-      r.error = q.error;
-      r.arrival_s = q.req.arrival_s;
-      if (q.t_finished >= 0) r.latency_s = q.latency_s();
-      if (q.t_first_token >= 0) r.ttft_s = q.ttft_s();
-      r.preemptions = q.n_preemptions;
-      r.prefix_hit_tokens = q.prefix_hit_tokens;
-      out.rows.push_back(std::move(r));
-    }
-  }
-  reset_pool(s.engine);
-  return out;
-}
-
-// ---- the simulation's step costs -----------------------------------------------
-
-// Median ms of one Engine::decode step of B sequences, for B = 1..slots: B
-// sequences each prefilled with a short synthetic prompt, one untimed step,
-// then kTimed timed steps. B beyond what the pool holds is extrapolated
-// linearly from the last two measured points.
-std::vector<double> measure_step_costs(Engine& engine, int slots) {
-  constexpr int64_t kTimed = 5;
-  const int64_t n_vocab = engine.model().config().n_vocab;
-  const int64_t n_ctx = engine.n_ctx();
-  const int64_t prompt = std::clamp<int64_t>(n_ctx - kTimed - 2, 1, 8);
-  const int64_t steps = std::min<int64_t>(kTimed + 1, n_ctx - prompt);
-  if (steps < 2)
-    fail("--simulate: the context of {} tokens is too small to time decode steps", n_ctx);
-  reset_pool(engine);
-  const int64_t per_seq =
-      (prompt + steps + KvBlockManager::kBlockTokens - 1) / KvBlockManager::kBlockTokens;
-  const int max_b = static_cast<int>(
-      std::min<int64_t>(slots, engine.blocks().free_blocks() / std::max<int64_t>(per_seq, 1)));
-  if (max_b < 1) fail("--simulate: the KV pool cannot hold one sequence to time");
-  std::vector<int32_t> ids(static_cast<size_t>(prompt));
-  for (int64_t i = 0; i < prompt; ++i)
-    ids[static_cast<size_t>(i)] = bench::synthetic_token(i, n_vocab);
-  std::vector<double> cost;
-  std::vector<float> logits;
-  for (int b = 1; b <= max_b; ++b) {
-    std::vector<int> seqs;
-    logits.resize(static_cast<size_t>(b * n_vocab));
-    for (int i = 0; i < b; ++i) {
-      seqs.push_back(engine.new_sequence());
-      engine.prefill(seqs.back(), ids, logits.data());
-    }
-    std::vector<double> ms;
-    for (int64_t t = 0; t < steps; ++t) {
-      std::vector<int32_t> toks(static_cast<size_t>(b),
-                                bench::synthetic_token(prompt + t, n_vocab));
-      const auto t0 = Clock::now();
-      engine.decode(seqs, toks, logits.data());
-      if (t > 0) ms.push_back(ms_since(t0));  // the first step is the warm-up
-    }
-    for (int q : seqs) engine.free_sequence(q);
-    cost.push_back(workload::quantile(ms, 0.5));
-  }
-  while (static_cast<int>(cost.size()) < slots) {
-    const size_t n = cost.size();
-    const double slope = n >= 2 ? std::max(0.0, cost[n - 1] - cost[n - 2]) : 0.0;
-    cost.push_back(cost[n - 1] + slope);
-  }
-  reset_pool(engine);
-  return cost;
-}
-
-struct Simulation {
-  std::vector<double> cost_ms;
-  int measured_b = 0;
-  workload::SimResult stat, cont;
-  double throughput_ratio() const {
-    return stat.tokens_per_s() > 0 ? cont.tokens_per_s() / stat.tokens_per_s() : 0;
-  }
-  double latency_ratio() const {
-    return cont.mean_latency_s() > 0 ? stat.mean_latency_s() / cont.mean_latency_s() : 0;
-  }
-};
-
-// Both policies replayed over the lengths the first measured run produced
-// (requests that failed or produced nothing left out) and its arrivals.
-Simulation simulate_both(const PolicyRun& measured, int slots, std::vector<double> cost) {
-  Simulation sim;
-  sim.cost_ms = std::move(cost);
-  std::vector<int64_t> lengths;
-  std::vector<double> arrivals;
-  for (const Row& r : measured.rows) {
-    if (!r.ok() || r.output.empty()) continue;
-    lengths.push_back(static_cast<int64_t>(r.output.size()));
-    arrivals.push_back(r.arrival_s);
-  }
-  sim.stat = workload::simulate(BatchPolicy::kStatic, lengths, arrivals, slots, sim.cost_ms);
-  sim.cont = workload::simulate(BatchPolicy::kContinuous, lengths, arrivals, slots, sim.cost_ms);
-  return sim;
-}
-
 // ---- output ---------------------------------------------------------------------
-
-const PolicyRun* find_run(const std::vector<PolicyRun>& runs, BatchPolicy p) {
-  for (const PolicyRun& r : runs)
-    if (r.policy == p) return &r;
-  return nullptr;
-}
-
-struct Comparison {
-  double throughput_ratio = 0, latency_ratio = 0;  // continuous/static, static/continuous
-};
-std::optional<Comparison> compare(const std::vector<PolicyRun>& runs) {
-  const PolicyRun *st = find_run(runs, BatchPolicy::kStatic),
-                  *co = find_run(runs, BatchPolicy::kContinuous);
-  if (!st || !co) return std::nullopt;
-  const auto ls = workload::summarize_latency(st->latencies()),
-             lc = workload::summarize_latency(co->latencies());
-  Comparison c;
-  c.throughput_ratio = st->tokens_per_s() > 0 ? co->tokens_per_s() / st->tokens_per_s() : 0;
-  c.latency_ratio = lc.mean > 0 ? ls.mean / lc.mean : 0;
-  return c;
-}
 
 json policy_json(const PolicyRun& r, int slots) {
   const auto lat = workload::summarize_latency(r.latencies());
   const auto ttft = workload::summarize_latency(r.ttfts());
   const SchedulerStats& st = r.stats;
   json rows = json::array();
-  for (const Row& q : r.rows) {
+  for (const BatchRow& q : r.rows) {
     json j = {{"id", q.id},
               {"prompt_tokens", q.prompt_tokens},
               {"output_tokens", q.output.size()},
@@ -580,9 +317,26 @@ int run(BatchArgs& a) {
   }
   Progress progress;
   std::vector<PolicyRun> runs;
+  std::vector<std::string> ids;
+  for (const RequestSpec& sp : specs) ids.push_back(sp.id);
   for (BatchPolicy p : policies_of(a.policy)) {
     if (SigintCatcher::interrupted()) break;
-    runs.push_back(run_policy(s, a, p, requests, specs, progress));
+    SchedulerOptions o;
+    o.policy = p;
+    o.slots = a.slots;
+    o.max_batch_tokens = a.max_batch_tokens;
+    o.prefix_cache = !a.no_prefix_cache;
+    o.drafter_for = a.drafter_for;
+    o.draft_max = a.spec.draft_max;
+    o.draft_min = a.spec.draft_min;
+    o.draft_auto = a.spec.draft_auto;
+    o.draft_c_prior = a.c_prior;
+    runs.push_back(run_policy(
+        s.engine, s.tok, o, requests, ids, [] { return SigintCatcher::interrupted(); },
+        [&](const Scheduler& sch, int64_t finished, int64_t total, bool force) {
+          progress.update(sch, p, finished, total, force);
+        }));
+    progress.end();
   }
   const bool interrupted = SigintCatcher::interrupted();
   const std::optional<Comparison> cmp = compare(runs);
@@ -658,7 +412,7 @@ int run(BatchArgs& a) {
   int64_t failed = 0;
   for (const PolicyRun& r : runs) {
     for (size_t i = 0; i < r.rows.size(); ++i) {
-      const Row& q = r.rows[i];
+      const BatchRow& q = r.rows[i];
       if (q.status != "failed") continue;
       ++failed;
       auto& f = failures[i];
