@@ -41,11 +41,10 @@ void reset_pool(Engine& engine) {
     fail("internal: {} KV blocks still in use after a policy's run", kv.blocks_in_use());
 }
 
-PolicyRun run_policy(Engine& engine, const Tokenizer& tok, SchedulerOptions o,
-                     const std::vector<Request>& requests, const std::vector<std::string>& ids,
-                     const std::function<bool()>& interrupted,
-                     const std::function<void(const Scheduler&, int64_t, int64_t, bool)>&
-                         on_progress) {
+PolicyRun run_policy(
+    Engine& engine, const Tokenizer& tok, SchedulerOptions o, const std::vector<Request>& requests,
+    const std::vector<std::string>& ids, const std::function<bool()>& interrupted,
+    const std::function<void(const Scheduler&, int64_t, int64_t, bool)>& on_progress) {
   reset_pool(engine);
   PolicyRun out;
   out.policy = o.policy;
@@ -147,7 +146,6 @@ std::vector<double> measure_step_costs(Engine& engine, int slots) {
   reset_pool(engine);
   return cost;
 }
-
 
 // Both policies replayed over the lengths the first measured run produced
 // (requests that failed or produced nothing left out) and its arrivals.

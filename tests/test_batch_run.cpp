@@ -55,8 +55,8 @@ TEST(BatchRun, TinyBothPoliciesGiveTheIdsOfEachRequestAlone) {
   }
   // An interrupt after a few polls cancels every request left.
   int polls = 0;
-  const PolicyRun cut = run_policy(e, tok, SchedulerOptions{.slots = 2}, rs, ids,
-                                   [&polls] { return ++polls > 3; });
+  const PolicyRun cut =
+      run_policy(e, tok, SchedulerOptions{.slots = 2}, rs, ids, [&polls] { return ++polls > 3; });
   EXPECT_TRUE(cut.interrupted);
   EXPECT_LT(cut.finished(), static_cast<int64_t>(rs.size()));
   EXPECT_EQ(e.blocks().blocks_in_use(), 0);

@@ -427,6 +427,25 @@ TEST(SpeculativeCli, DraftSelfDraftAndLookupGiveThePlainIds) {
   }
 }
 
+// spec-bench on the one loop: plain, fixed gammas and auto, each checked by
+// the command to write plain's ids (it fails otherwise), one row each.
+TEST(SpeculativeCli, SpecBenchPlainGammasAndAutoAgree) {
+  for (const std::string drafter :
+       {std::string("--lookup 3"),
+        "--draft " + test::tiny_model("stories260K-f16.gguf").string()}) {
+    SCOPED_TRACE(drafter);
+    const test::CliResult r = test::run_cli(
+        "spec-bench -m " + test::tiny_model("stories260K.gguf").string() +
+        " -p \"Once upon a time\" -p \"Lily and Tom\" --plain -n 16 --reps 1 --gammas 1,3 -t 1 "
+        "--no-agreement --json " +
+        drafter);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const json j = json::parse(r.out);
+    EXPECT_EQ(j["schema"], "barata.spec_bench/1");
+    ASSERT_EQ(j["rows"].size(), 4u) << "plain, gamma 1, gamma 3, auto";
+  }
+}
+
 TEST(SpeculativeCli, MismatchedDraftIsOneErrorLine) {
   const test::CliResult r = test::run_cli(
       "run -m " + test::tiny_model("stories260K.gguf").string() + " -p hi -n 4 --temp 0 --draft " +

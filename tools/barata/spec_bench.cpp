@@ -20,6 +20,7 @@
 #include "barata/chat_template.h"
 #include "barata/error.h"
 #include "barata/file_io.h"
+#include "barata/spec_bench.h"
 #include "commands.h"
 #include "session.h"
 #include "spec.h"
@@ -47,29 +48,6 @@ struct BenchArgs {
   bool no_auto = false, plain = false, json = false, no_agreement = false;
   int n_predict = 128, reps = 2, agreement_n = 9;
   std::string plot;
-};
-
-// No proposal at all: every step is a plain decode step, timed by the same loop.
-class NoDrafter : public Drafter {
- public:
-  void propose(std::span<const int32_t>, int, Draft& out) override {
-    out.tokens.clear();
-    out.q.clear();
-  }
-  std::string describe() const override { return "plain"; }
-  bool uses_model() const override { return false; }
-};
-
-struct Config {
-  std::string name;
-  int gamma = 0;  // 0: plain
-  bool automatic = false;
-  // Over prompts, per repetition: decode tokens and ms; and the statistics summed.
-  std::vector<double> tps;  // per repetition
-  double tokens = 0, ms = 0;
-  int64_t drafted = 0, accepted = 0, trials = 0, verify_passes = 0, plain_steps = 0;
-  double draft_ms = 0, verify_ms = 0, plain_ms = 0;
-  int64_t verify_rows = 0;  // sum over passes of gamma + 1 (for the mean pass size)
 };
 
 double mean(const std::vector<double>& v) {
@@ -139,7 +117,7 @@ int run(const BenchArgs& a) {
            prompts.back().size(), a.n_predict, s.n_ctx);
   }
 
-  std::vector<Config> configs;
+  std::vector<SpecBenchConfig> configs;
   configs.push_back({.name = "plain"});
   for (int g : gammas) configs.push_back({.name = fmt::format("gamma {}", g), .gamma = g});
   if (!a.no_auto)
@@ -147,66 +125,23 @@ int run(const BenchArgs& a) {
                        .gamma = spec.draft_max,
                        .automatic = true});
 
-  NoDrafter none;
-  const Tokenizer& tok = s.tok;
   fmt::print(stderr, "spec-bench: {} prompts x {} configurations x {} repetitions, -n {}, {}\n",
              prompts.size(), configs.size(), a.reps, a.n_predict, d.name);
-  for (int rep = 0; rep < a.reps; ++rep) {
-    std::vector<double> tok_rep(configs.size(), 0), ms_rep(configs.size(), 0);
-    for (size_t pi = 0; pi < prompts.size(); ++pi) {
-      std::vector<int32_t> want;
-      for (size_t ci = 0; ci < configs.size(); ++ci) {
-        Config& c = configs[ci];
-        SpeculativeOptions o;
-        o.sampling = greedy;
-        o.n_predict = a.n_predict;
-        o.draft_max = std::max(c.gamma, 1);
-        o.draft_min = spec.draft_min;
-        o.auto_gamma = c.automatic;
-        o.c_prior = d.c_prior;
-        o.is_eog = [&tok](int32_t t) { return tok.is_eog(t); };
-        const SpecResult r = speculative_generate(
-            s.engine, c.gamma == 0 ? static_cast<Drafter&>(none) : *d.drafter, prompts[pi], o);
-        // Greedy: every configuration writes the plain run's ids.
-        if (ci == 0)
-          want = r.generated;
-        else if (r.generated != want)
-          fail(
-              "{} on prompt {} wrote other ids than plain decoding (a bug: greedy "
-              "speculation is exact)",
-              c.name, pi + 1);
-        const double steps = static_cast<double>(std::max<size_t>(r.generated.size(), 1) - 1);
-        tok_rep[ci] += steps;
-        ms_rep[ci] += r.decode_ms;
-        c.tokens += steps;
-        c.ms += r.decode_ms;
-        const SpecStats& st = r.stats;
-        c.drafted += st.drafted;
-        c.accepted += st.accepted;
-        c.verify_passes += st.verify_passes;
-        c.plain_steps += st.plain_steps;
-        c.draft_ms += st.draft_ms;
-        c.verify_ms += st.verify_ms;
-        c.plain_ms += st.plain_ms;
-        for (const SpecStep& step : st.steps) {
-          if (step.gamma == 0) continue;
-          c.trials += step.accepted + (step.accepted < step.gamma ? 1 : 0);
-          c.verify_rows += step.gamma + 1;
-        }
-        fmt::print(stderr, "  rep {} prompt {} {}: {:.1f} tokens/s\n", rep + 1, pi + 1, c.name,
-                   steps / (r.decode_ms / 1e3));
-      }
-    }
-    for (size_t ci = 0; ci < configs.size(); ++ci)
-      configs[ci].tps.push_back(ms_rep[ci] > 0 ? tok_rep[ci] / (ms_rep[ci] / 1e3) : 0);
-  }
+  const Tokenizer& tok = s.tok;
+  run_spec_bench(s.engine, *d.drafter, prompts, configs,
+                 {.n_predict = a.n_predict,
+                  .reps = a.reps,
+                  .draft_min = spec.draft_min,
+                  .c_prior = d.c_prior,
+                  .is_eog = [&tok](int32_t t) { return tok.is_eog(t); }},
+                 [](const std::string& line) { fmt::print(stderr, "  {}\n", line); });
 
   // The teacher-forced agreement of the pair (a model drafter only).
   double agreement = -1;
   if (d.engine && !a.no_agreement)
     agreement = teacher_forced_agreement(s.engine, *d.engine, prompts, a.agreement_n).rate();
 
-  const Config& plain = configs[0];
+  const SpecBenchConfig& plain = configs[0];
   const double step_ms = plain.plain_steps ? plain.plain_ms / plain.plain_steps : 0;
   const double plain_tps = mean(plain.tps);
   nlohmann::json rows = nlohmann::json::array();
@@ -219,7 +154,7 @@ int run(const BenchArgs& a) {
                      .y_label = "speedup over plain decoding"};
   bench::Series measured{.name = "measured"}, pred1{.name = "predicted: gamma c + 1"},
       predv{.name = "predicted: gamma c + v"}, autos{.name = "--draft-auto (measured)"};
-  for (const Config& c : configs) {
+  for (const SpecBenchConfig& c : configs) {
     const double tps = mean(c.tps);
     const double speedup = plain_tps > 0 ? tps / plain_tps : 0;
     nlohmann::json row = {{"configuration", c.name},
