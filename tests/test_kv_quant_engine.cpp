@@ -19,6 +19,7 @@
 #include "barata/kv_types.h"
 #include "barata/model.h"
 #include "barata/plan.h"
+#include "barata/scheduler.h"
 #include "barata/tokenizer.h"
 #include "synthetic_model.h"
 #include "test_util.h"
@@ -344,6 +345,50 @@ TEST(KvQuantEngine, ThePoolAdmitsTheUsersPlanPromises) {
         e.blocks().append(s, len, &copies);
       }
     }
+  }
+}
+
+// Preemption with a quantized cache: four sequences in a pool that holds
+// two of them are preempted and recomputed, and each writes the ids it
+// writes alone (recomputing a quantized row gives its bytes again).
+TEST(KvQuantEngine, PreemptionRecomputesTheSameIds) {
+  for (const Types& t :
+       {Types{KvType::kQ8_0, KvType::kQ8_0}, Types{KvType::kIq4NlS, KvType::kIq4Nl},
+        Types{KvType::kQ4_0H, KvType::kFp8}}) {
+    SCOPED_TRACE(name(t));
+    std::vector<Request> rs;
+    for (int i = 0; i < 4; ++i) {
+      Request r;
+      r.prompt = prompt(18 + i, i);
+      r.sampling.temperature = 0.0f;
+      r.max_tokens = 30;
+      r.ignore_eos = true;
+      rs.push_back(r);
+    }
+    std::vector<std::vector<int32_t>> alone;
+    {
+      Engine e = make(t, 256);
+      EngineSteps steps(e);
+      for (const Request& r : rs) {
+        Scheduler s(steps, SchedulerOptions{.slots = 1});
+        const int id = s.submit(r);
+        s.run();
+        const auto out = s.sequence(id).output();
+        alone.emplace_back(out.begin(), out.end());
+      }
+    }
+    Engine tight = make(t, 8 * kKvBlockTokens);  // 8 blocks; each sequence grows to 4
+    EngineSteps steps(tight);
+    Scheduler s(steps, SchedulerOptions{.slots = 4, .max_batch_tokens = 64});
+    std::vector<int> ids;
+    for (const Request& r : rs) ids.push_back(s.submit(r));
+    s.run();
+    EXPECT_GT(s.stats().preemptions, 0) << "the pool was meant to be too small";
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const auto out = s.sequence(ids[i]).output();
+      EXPECT_EQ(std::vector<int32_t>(out.begin(), out.end()), alone[i]) << "request " << i;
+    }
+    EXPECT_EQ(tight.blocks().blocks_in_use(), 0);
   }
 }
 

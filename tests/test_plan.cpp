@@ -193,6 +193,25 @@ TEST(PlanCli, ReferenceTables) {
   EXPECT_EQ(doc["memory"][0]["context_per_user"][1]["context"], 84);
 }
 
+// -ctk / -ctv: the bytes per token are the types' (13B: 40 layers x 5,120
+// values of K and of V per token; q8_0 34 bytes and q4_0 18 per 32 values),
+// and the same memory holds more tokens than fp16's 337.
+TEST(PlanCli, CacheTypesCountTheirBytes) {
+  const auto j =
+      test::run_cli("plan --preset 13b --weights int4 --mem 8 --json -ctk q8_0 -ctv q4_0");
+  ASSERT_EQ(j.status, 0) << j.err;
+  const json doc = json::parse(j.out);
+  EXPECT_EQ(doc["model"]["kv_cache_type_k"], "q8_0");
+  EXPECT_EQ(doc["model"]["kv_cache_type_v"], "q4_0");
+  EXPECT_EQ(doc["model"]["kv_bytes_per_token"], 40 * 5120 / 32 * (34 + 18));
+  // fp16 holds 337 tokens; 26 bytes per 32 values in place of 64 hold 64 / 26 times as many.
+  EXPECT_GE(doc["memory"][0]["max_tokens"].get<int64_t>(), 337 * 64 / 26);
+  const auto bad = test::run_cli("plan --preset 13b --mem 8 -ctv q8_0h");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("q8_0h"), std::string::npos) << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 2) << bad.err;
+}
+
 TEST(PlanCli, DoesNotFit) {
   const auto r = test::run_cli("plan --preset 70b --mem 24 --reserve 2");
   ASSERT_EQ(r.status, 0) << r.err;

@@ -105,6 +105,33 @@ TEST(RunCli, StopStringEndsTheText) {
   EXPECT_NE(plain.out.find(cut.substr(0, cut.size() / 2)), std::string::npos) << plain.out;
 }
 
+// -ctk / -ctv on run (llama.cpp's spellings and the long ones): a tiny
+// llama3 with 32-value heads generates with each, the KV line names the
+// types, and greedy decoding with q8_0 s-keys stays close to fp16's first
+// tokens; a quantized type on 8-value heads (stories260K) is one error line.
+TEST(RunCli, CacheTypes) {
+  REQUIRE_MODELS();
+  const std::string base =
+      "run -m " + tiny("arch/tiny-llama3.gguf").string() + " -p \"hello\" -n 12 --temp 0 -t 1";
+  const Result f16 = run(base + " --json");
+  ASSERT_EQ(f16.status, 0) << f16.err;
+  for (const std::string types : {std::string(" -ctk q8_0 -ctv q8_0"),
+                                  std::string(" --cache-type-k q8_0s --cache-type-v iq4_nl"),
+                                  std::string(" -ctk fp8 -ctv q4_0")}) {
+    SCOPED_TRACE(types);
+    const Result r = run(base + " --json" + types);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const json j = json::parse(r.out);
+    EXPECT_EQ(j["generated_ids"].size(), json::parse(f16.out)["generated_ids"].size());
+    EXPECT_NE(r.err.find("KV pool"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("fp16"), std::string::npos) << "the pool line names the types: " << r.err;
+  }
+  const Result bad = run("run -m " + tiny("stories260K.gguf").string() + " -p hi -n 2 -ctk q8_0");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("error: "), std::string::npos) << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+}
+
 // -n 0: the prompt is read (and timed), nothing is generated.
 TEST(RunCli, ZeroPredictPrefillsOnly) {
   REQUIRE_MODELS();

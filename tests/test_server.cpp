@@ -35,10 +35,15 @@ namespace {
 using nlohmann::json;
 
 struct TestServer {
-  explicit TestServer(const std::filesystem::path& model, ServerOptions o = {}, int64_t n_ctx = 128)
+  explicit TestServer(const std::filesystem::path& model, ServerOptions o = {}, int64_t n_ctx = 128,
+                      KvType cache_k = KvType::kF16, KvType cache_v = KvType::kF16)
       : m(Model::load(model)),
         tok(Tokenizer::from_gguf(m.file())),
-        engine(m, {.n_threads = 1, .n_ctx = n_ctx, .cache_tokens = n_ctx * o.slots}) {
+        engine(m, {.n_threads = 1,
+                   .n_ctx = n_ctx,
+                   .cache_tokens = n_ctx * o.slots,
+                   .cache_k = cache_k,
+                   .cache_v = cache_v}) {
     o.port = 0;
     if (!o.chat_family) o.chat_family = ChatFamily::kChatML;
     o.model_id = "test-model";
@@ -84,6 +89,9 @@ struct TestServer {
 std::filesystem::path stories() {
   return test::tiny_model("stories260K.gguf");
 }
+std::filesystem::path llama3() {
+  return test::tiny_model("arch/tiny-llama3.gguf");
+}
 
 httplib::Result post(httplib::Client& c, const std::string& path, const json& body,
                      const httplib::Headers& h = {}) {
@@ -108,10 +116,11 @@ std::vector<std::string> sse_events(const std::string& body) {
 
 // What the scheduler alone makes of `prompt`, greedy, on a fresh engine.
 std::string alone(const std::filesystem::path& model, const std::vector<int32_t>& prompt,
-                  int64_t max_tokens) {
+                  int64_t max_tokens, KvType cache_k = KvType::kF16,
+                  KvType cache_v = KvType::kF16) {
   Model m = Model::load(model);
   Tokenizer tok = Tokenizer::from_gguf(m.file());
-  Engine e(m, {.n_threads = 1, .n_ctx = 128});
+  Engine e(m, {.n_threads = 1, .n_ctx = 128, .cache_k = cache_k, .cache_v = cache_v});
   EngineSteps steps(e);
   SchedulerOptions so;
   so.tokenizer = &tok;
@@ -245,6 +254,38 @@ TEST(Server, SpeculativeRepliesEqualPlain) {
     EXPECT_EQ(s.metric("barata_kv_blocks_used"), 0);
     EXPECT_EQ(draft.blocks().blocks_in_use(), 0);
   }
+}
+
+// A quantized cache in serve (-ctk q8_0 -ctv q4_0): concurrent greedy
+// completions reply what the engine alone writes with the same cache, and
+// /metrics counts the types' bytes, not fp16's.
+TEST(Server, AQuantizedCacheRepliesAsAloneAndCountsItsBytes) {
+  ServerOptions o;
+  o.slots = 4;
+  TestServer s(llama3(), o, 128, KvType::kQ8_0, KvType::kQ4_0);
+  const std::vector<std::pair<std::string, int>> asks = {
+      {"Once upon a time", 30}, {"Lily and Tom", 24}, {"The dog", 20}, {"One day", 28}};
+  std::vector<std::string> got(asks.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < asks.size(); ++i)
+    clients.emplace_back([&, i] {
+      httplib::Client c = s.client();
+      auto r =
+          post(c, "/v1/completions",
+               {{"prompt", asks[i].first}, {"max_tokens", asks[i].second}, {"temperature", 0}});
+      if (r && r->status == 200) got[i] = json::parse(r->body)["choices"][0]["text"];
+    });
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < asks.size(); ++i) {
+    const std::vector<int32_t> ids = s.tok.encode(asks[i].first, s.tok.add_bos_default(), false);
+    EXPECT_EQ(got[i], alone(llama3(), ids, asks[i].second, KvType::kQ8_0, KvType::kQ4_0))
+        << asks[i].first;
+  }
+  const double per_token = s.metric("barata_kv_bytes_per_token");
+  EXPECT_EQ(per_token, static_cast<double>(s.engine.kv_bytes_per_token()));
+  const Engine f16(s.m, {.n_threads = 1, .n_ctx = 128});
+  EXPECT_EQ(per_token * 128, static_cast<double>(f16.kv_bytes_per_token()) * (34 + 18));
+  EXPECT_EQ(s.metric("barata_kv_bytes_used"), 0);
 }
 
 TEST(Server, ChatStreamsDeltasEndsWithUsageAndDone) {
