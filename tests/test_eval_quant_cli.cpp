@@ -48,6 +48,30 @@ TEST(EvalQuantCli, RowsAreOrderedByPrecision) {
   EXPECT_TRUE(std::filesystem::exists(dir / "int4-tensor.gguf"));
 }
 
+// KV cache rows (kv:K/V, WEIGHTS+kv:K/V) in the same table, on a tiny
+// llama3 whose 32-value heads quantized cache blocks need: the weights stay
+// the reference's, and 8 bits of cache cost less than 4 on every measure.
+TEST(EvalQuantCli, CacheTypeRows) {
+  const auto r = run_cli("eval-quant -m " + test::tiny_model("arch/tiny-llama3.gguf").string() +
+                         " -f " + (test::data_dir() / "models" / "eval_sample.txt").string() +
+                         " -c 64 --chunks 4 -t 1 --json --schemes "
+                         "kv:q8_0/q8_0,kv:q4_0/q4_0,q8_0+kv:q8_0s/iq4_nl");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& rows = j["rows"];
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[1]["scheme"], "kv:q8_0/q8_0");
+  EXPECT_EQ(rows[1]["type"], rows[0]["type"]) << "a cache row keeps the reference weights";
+  EXPECT_EQ(rows[3]["type"], "q8_0");
+  EXPECT_GT(rows[1]["kl_mean"].get<double>(), 0.0);
+  EXPECT_LT(rows[1]["kl_mean"].get<double>(), rows[2]["kl_mean"].get<double>());
+  EXPECT_GT(rows[1]["agreement_matches"].get<int>(), rows[2]["agreement_matches"].get<int>());
+  const auto bad = run_cli("eval-quant -m " + test::tiny_model("arch/tiny-llama3.gguf").string() +
+                           " --schemes kv:q9_0");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("q9_0"), std::string::npos) << bad.err;
+}
+
 TEST(EvalQuantCli, MarkdownTableAndBadInput) {
   const auto r = run_cli("eval-quant " + tiny_args() + " --schemes q8_0");
   ASSERT_EQ(r.status, 0) << r.err;
