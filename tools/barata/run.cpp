@@ -140,7 +140,8 @@ int run(const RunArgs& a) {
                      .draft_min = a.spec.draft_min,
                      .draft_auto = a.spec.draft_auto,
                      .draft_c_prior = d.drafter ? d.c_prior : -1.0,
-                     .interrupted = [] { return SigintCatcher::interrupted(); }};
+                     .interrupted = [] { return SigintCatcher::interrupted(); },
+                     .on_step = {}};
   if (!a.json) go.on_step = [&s](const nlohmann::json& st) { print_step_probs(s.tok, st); };
   std::vector<int32_t> all;
   Generation g;
