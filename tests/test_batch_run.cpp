@@ -51,6 +51,8 @@ TEST(BatchRun, TinyBothPoliciesGiveTheIdsOfEachRequestAlone) {
     int64_t busy = 0;
     for (const StepRecord& s : run.steps) busy += s.busy;
     EXPECT_EQ(busy, run.stats.busy_slot_steps);
+    EXPECT_EQ(run.running_max(), 2) << "two slots, five requests";
+    EXPECT_GT(run.running_mean(), 1.0);
     EXPECT_EQ(e.blocks().blocks_in_use(), 0);
   }
   // An interrupt after a few polls cancels every request left.

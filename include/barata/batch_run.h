@@ -69,6 +69,17 @@ struct PolicyRun {
   double requests_per_s() const {
     return wall_s > 0 ? static_cast<double>(finished()) / wall_s : 0;
   }
+  // Sequences holding a slot per step (the pool can hold fewer than --slots).
+  double running_mean() const {
+    double n = 0;
+    for (const StepRecord& s : steps) n += static_cast<double>(s.running);
+    return steps.empty() ? 0 : n / static_cast<double>(steps.size());
+  }
+  int64_t running_max() const {
+    int64_t m = 0;
+    for (const StepRecord& s : steps) m = std::max(m, s.running);
+    return m;
+  }
   double slot_utilization(int slots) const {
     return stats.steps > 0 ? static_cast<double>(stats.busy_slot_steps) /
                                  (static_cast<double>(stats.steps) * slots)

@@ -132,6 +132,8 @@ json policy_json(const PolicyRun& r, int slots) {
       {"busy_slot_steps", st.busy_slot_steps},
       {"padding_slot_steps", st.padding_slot_steps},
       {"slot_utilization", r.slot_utilization(slots)},
+      {"running_mean", r.running_mean()},
+      {"running_max", r.running_max()},
       {"preemptions", st.preemptions},
       {"forward_ms", st.forward_ms},
       {"speculative",
