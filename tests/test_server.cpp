@@ -565,6 +565,9 @@ TEST(Server, ASlowReaderDoesNotStallTheOthers) {
   BARATA_NEED_FETCHED(smol, test::fetch_script_for(smol));
   ServerOptions o;
   o.socket_send_buffer = 4096;
+  // The client never reads: with the default 30 s write timeout a slow
+  // machine (sanitizers, a loaded CI) would drop it before its 400 tokens.
+  o.write_timeout_s = 600;
   TestServer s(smol, o, 2048);
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);

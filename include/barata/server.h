@@ -40,6 +40,7 @@ struct ServerOptions {
   int http_threads = 0;               // 0: 64 + slots + max_queue
   int max_connections = 1024;         // open connections; beyond: 503 (idle ones closed first)
   double head_timeout_s = 10;         // a request's head must arrive whole within this
+  double write_timeout_s = 30;        // a write to a client that makes no progress: it is gone
   std::string cors_origin;            // Access-Control-Allow-Origin; empty: no CORS headers
   std::string log_format = "text";    // one line per request on stderr: text, json, off
   // Special-token text inside chat messages is parsed as special tokens

@@ -200,6 +200,7 @@ void Server::Impl::setup_routes() {
   net::FrontOptions fo;
   fo.max_body_bytes = o.max_body_bytes;
   fo.head_timeout_s = o.head_timeout_s;
+  fo.write_timeout_s = o.write_timeout_s;
   fo.max_connections = o.max_connections;
   fo.workers = threads;
   front = std::make_unique<net::Front>(
