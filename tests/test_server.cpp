@@ -212,6 +212,24 @@ TEST(Server, CompletionMatchesTheSchedulerAloneAndStreams) {
   EXPECT_EQ(finish, j["choices"][0]["finish_reason"].get<std::string>());
 }
 
+// Greedy completions of (prompt, max_tokens), one client thread each, all at
+// once; a request that did not answer 200 gives "".
+std::vector<std::string> complete_at_once(const TestServer& s,
+                                          const std::vector<std::pair<std::string, int>>& asks) {
+  std::vector<std::string> got(asks.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < asks.size(); ++i)
+    clients.emplace_back([&, i] {
+      httplib::Client c = s.client();
+      auto r =
+          post(c, "/v1/completions",
+               {{"prompt", asks[i].first}, {"max_tokens", asks[i].second}, {"temperature", 0}});
+      if (r && r->status == 200) got[i] = json::parse(r->body)["choices"][0]["text"];
+    });
+  for (auto& t : clients) t.join();
+  return got;
+}
+
 // Speculative decoding per slot: concurrent greedy completions, some
 // drafting and one too short to draft, reply with the plain text, and every
 // block is back when they are done.
@@ -234,17 +252,7 @@ TEST(Server, SpeculativeRepliesEqualPlain) {
                                                            {"The cat sat on the mat", 1},
                                                            {"Lily and Tom", 30},
                                                            {"One day, a little bird", 25}};
-    std::vector<std::string> got(asks.size());
-    std::vector<std::thread> clients;
-    for (size_t i = 0; i < asks.size(); ++i)
-      clients.emplace_back([&, i] {
-        httplib::Client c = s.client();
-        auto r =
-            post(c, "/v1/completions",
-                 {{"prompt", asks[i].first}, {"max_tokens", asks[i].second}, {"temperature", 0}});
-        if (r && r->status == 200) got[i] = json::parse(r->body)["choices"][0]["text"];
-      });
-    for (auto& t : clients) t.join();
+    const std::vector<std::string> got = complete_at_once(s, asks);
     for (size_t i = 0; i < asks.size(); ++i) {
       const std::vector<int32_t> ids = s.tok.encode(asks[i].first, s.tok.add_bos_default(), false);
       EXPECT_EQ(got[i], alone(stories(), ids, asks[i].second)) << asks[i].first;
@@ -265,17 +273,7 @@ TEST(Server, AQuantizedCacheRepliesAsAloneAndCountsItsBytes) {
   TestServer s(llama3(), o, 128, KvType::kQ8_0, KvType::kQ4_0);
   const std::vector<std::pair<std::string, int>> asks = {
       {"Once upon a time", 30}, {"Lily and Tom", 24}, {"The dog", 20}, {"One day", 28}};
-  std::vector<std::string> got(asks.size());
-  std::vector<std::thread> clients;
-  for (size_t i = 0; i < asks.size(); ++i)
-    clients.emplace_back([&, i] {
-      httplib::Client c = s.client();
-      auto r =
-          post(c, "/v1/completions",
-               {{"prompt", asks[i].first}, {"max_tokens", asks[i].second}, {"temperature", 0}});
-      if (r && r->status == 200) got[i] = json::parse(r->body)["choices"][0]["text"];
-    });
-  for (auto& t : clients) t.join();
+  const std::vector<std::string> got = complete_at_once(s, asks);
   for (size_t i = 0; i < asks.size(); ++i) {
     const std::vector<int32_t> ids = s.tok.encode(asks[i].first, s.tok.add_bos_default(), false);
     EXPECT_EQ(got[i], alone(llama3(), ids, asks[i].second, KvType::kQ8_0, KvType::kQ4_0))
