@@ -169,6 +169,11 @@ void Backend::set_qk_observer(QkObserver) {
   fail("the {} backend cannot report q and k (calibration runs on the CPU)", device_name(kind()));
 }
 
+void Backend::moe(const LayerWeights&, const float*, float*) {
+  fail("the {} backend cannot run a mixture of experts yet (run it with --device cpu)",
+       device_name(kind()));
+}
+
 void Backend::run_step(const StepProgram& program, const Batch& batch, const ModelConfig& c,
                        float* host_logits, const std::function<void(int64_t)>& on_layer_end) {
   const int64_t T = batch.size();
@@ -222,6 +227,9 @@ void Backend::run_step(const StepProgram& program, const Batch& batch, const Mod
         break;
       case OpKind::kAdd:
         add(act(op.y), act(op.x), T * d);
+        break;
+      case OpKind::kMoe:
+        moe(*op.experts, act(op.x), act(op.y));
         break;
       case OpKind::kLayerEnd:
         if (on_layer_end) on_layer_end(op.layer);

@@ -54,6 +54,37 @@ WeightDesc row_range(const WeightDesc& w, int64_t r0, int64_t n) {
   return v;
 }
 
+// A 3-D tensor of n_expert matrices (ggml: k, n_rows, n_expert), each
+// expert's rows a matrix of its own. A count that disagrees with the config
+// names both.
+std::vector<WeightDesc> bind_experts(const GgufFile& f, const ModelConfig& c,
+                                     const std::string& name, int64_t k, int64_t n_rows,
+                                     const std::string& rows_key, Used* used) {
+  used->insert(name);
+  const GgufTensorInfo* t = f.find_tensor(name);
+  if (t != nullptr && t->shape.size() == 3 && t->shape[2] != c.n_expert)
+    fail("{}: tensor {} holds {} experts but {}.expert_count = {}", f.name(), name, t->shape[2],
+         c.arch, c.n_expert);
+  if (t != nullptr && t->shape.size() == 3 && t->shape[0] == k && t->shape[1] != n_rows)
+    fail("{}: tensor {} has experts of {} rows but {} = {}", f.name(), name, t->shape[1],
+         rows_key, n_rows);
+  const GgufTensorInfo& ti = require(f, name, {k, n_rows, c.n_expert});
+  std::vector<WeightDesc> out(static_cast<size_t>(c.n_expert));
+  const size_t rb = row_bytes(ti.type, k);
+  for (int64_t e = 0; e < c.n_expert; ++e) {
+    WeightDesc& w = out[static_cast<size_t>(e)];
+    w.type = ti.type;
+    w.k = k;
+    w.n_rows = n_rows;
+    w.row_bytes = rb;
+    if (ti.data != nullptr) {
+      w.data = tensor_rows(ti.type, ti.data) + static_cast<size_t>(e * n_rows) * rb;
+      w.scale = tensor_scale(ti.type, ti.data);
+    }
+  }
+  return out;
+}
+
 // 1-D tensors (norms, biases) are small: convert to float once, whatever the type.
 std::vector<float> bind_vector(const GgufFile& f, const std::string& name, int64_t n, Used* used) {
   const GgufTensorInfo& t = require(f, name, {n}, used);
@@ -66,7 +97,7 @@ void check_block_count(const GgufFile& f, const ModelConfig& c) {
   // Each layer needs at least its weight tensors (9, fewer where q/k/v or
   // gate/up are fused): a block count the file cannot back is refused before
   // the layers are allocated.
-  const int64_t per_layer = 9 - (c.fused_qkv ? 2 : 0) - (c.fused_gate_up ? 1 : 0);
+  const int64_t per_layer = 9 - (c.fused_qkv ? 2 : 0) - (c.fused_gate_up ? 1 : 0) + (c.moe() ? 1 : 0);
   if (static_cast<uint64_t>(c.n_layer * per_layer) > f.tensors().size())
     fail("{}: {}.block_count = {} needs at least {} tensors but the file has {}", f.name(), c.arch,
          c.n_layer, c.n_layer * per_layer, f.tensors().size());
@@ -147,7 +178,25 @@ Model Model::from_gguf(GgufFile file) {
     }
     if (c.post_norms) L.attn_post_norm = vector_f32(p + "post_attention_norm.weight", c.d_model);
     L.ffn_norm = vector_f32(p + "ffn_norm.weight", c.d_model);
-    if (c.fused_gate_up) {
+    if (c.moe()) {
+      const std::string router = p + "ffn_gate_inp.weight";
+      if (const GgufTensorInfo* t = f.find_tensor(router);
+          t != nullptr && t->shape.size() == 2 && t->shape[0] == c.d_model &&
+          t->shape[1] != c.n_expert)
+        fail("{}: tensor {} routes to {} experts but {}.expert_count = {}", f.name(), router,
+             t->shape[1], c.arch, c.n_expert);
+      L.router = matrix(router, c.d_model, c.n_expert);
+      const std::string width_key =
+          c.arch + (f.has(c.arch + ".expert_feed_forward_length") ? ".expert_feed_forward_length"
+                                                                 : ".feed_forward_length");
+      const std::string d_key = c.arch + ".embedding_length";
+      L.gate_exps =
+          bind_experts(f, c, p + "ffn_gate_exps.weight", c.d_model, c.d_ff_exp, width_key, &used);
+      L.up_exps =
+          bind_experts(f, c, p + "ffn_up_exps.weight", c.d_model, c.d_ff_exp, width_key, &used);
+      L.down_exps =
+          bind_experts(f, c, p + "ffn_down_exps.weight", c.d_ff_exp, c.d_model, d_key, &used);
+    } else if (c.fused_gate_up) {
       const WeightDesc gate_up = matrix(p + "ffn_up.weight", c.d_model, 2 * c.d_ff);
       L.w_gate = row_range(gate_up, 0, c.d_ff);
       L.w_up = row_range(gate_up, c.d_ff, c.d_ff);
@@ -155,7 +204,7 @@ Model Model::from_gguf(GgufFile file) {
       L.w_gate = matrix(p + "ffn_gate.weight", c.d_model, c.d_ff);
       L.w_up = matrix(p + "ffn_up.weight", c.d_model, c.d_ff);
     }
-    L.w_down = matrix(p + "ffn_down.weight", c.d_ff, c.d_model);
+    if (!c.moe()) L.w_down = matrix(p + "ffn_down.weight", c.d_ff, c.d_model);
     if (c.post_norms) L.ffn_post_norm = vector_f32(p + "post_ffw_norm.weight", c.d_model);
   }
   refuse_unused(f, c, used);
@@ -163,21 +212,40 @@ Model Model::from_gguf(GgufFile file) {
   return m;
 }
 
+namespace {
+
+// A layer's matrices, in id order: attention, then the dense FFN or the
+// router and every expert's gate, up and down.
+template <typename L, typename F>
+void each_layer_matrix(L& layer, bool moe, F&& fn) {
+  for (auto* w : {&layer.wq, &layer.wk, &layer.wv, &layer.wo}) fn(*w);
+  if (!moe) {
+    for (auto* w : {&layer.w_gate, &layer.w_up, &layer.w_down}) fn(*w);
+    return;
+  }
+  fn(layer.router);
+  for (size_t e = 0; e < layer.gate_exps.size(); ++e) {
+    fn(layer.gate_exps[e]);
+    fn(layer.up_exps[e]);
+    fn(layer.down_exps[e]);
+  }
+}
+
+}  // namespace
+
 void Model::number_matrices() {
   n_matrices_ = 0;
   token_embd_.id = n_matrices_++;
   output_.id = cfg_.tied_embeddings ? token_embd_.id : n_matrices_++;
   for (LayerWeights& L : layers_)
-    for (WeightDesc* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-      w->id = n_matrices_++;
+    each_layer_matrix(L, cfg_.moe(), [&](WeightDesc& w) { w.id = n_matrices_++; });
 }
 
 std::vector<const WeightDesc*> Model::matrices() const {
   std::vector<const WeightDesc*> v{&token_embd_};
   if (!cfg_.tied_embeddings) v.push_back(&output_);
   for (const LayerWeights& L : layers_)
-    for (const WeightDesc* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-      v.push_back(w);
+    each_layer_matrix(L, cfg_.moe(), [&](const WeightDesc& w) { v.push_back(&w); });
   return v;
 }
 
@@ -191,10 +259,21 @@ void Model::embed(int32_t token, float* out) const {
 }
 
 int64_t Model::weight_bytes() const {
-  int64_t b = static_cast<int64_t>(output_.row_bytes) * output_.n_rows;
+  if (!cfg_.moe()) return total_weight_bytes();
+  // Every expert of a tensor has the same bytes: a token reads n_used of n.
+  int64_t b = output_.bytes();
+  for (const auto& L : layers_) {
+    for (const WeightDesc* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router}) b += w->bytes();
+    b += cfg_.n_expert_used *
+         (L.gate_exps[0].bytes() + L.up_exps[0].bytes() + L.down_exps[0].bytes());
+  }
+  return b;
+}
+
+int64_t Model::total_weight_bytes() const {
+  int64_t b = output_.bytes();
   for (const auto& L : layers_)
-    for (const WeightDesc* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-      b += static_cast<int64_t>(w->row_bytes) * w->n_rows;
+    each_layer_matrix(L, cfg_.moe(), [&](const WeightDesc& w) { b += w.bytes(); });
   return b;
 }
 

@@ -47,6 +47,11 @@ void refuse_unknown_keys(const GgufFile& f, const std::string& arch, const ArchS
       continue;
     if (rest == "attention.sliding_window" && (spec.swa_pattern > 0 || spec.ignores_sliding_window))
       continue;
+    if (spec.experts != Presence::kNo &&
+        (rest == "expert_count" || rest == "expert_used_count" ||
+         rest == "expert_feed_forward_length" || rest == "expert_weights_norm" ||
+         rest == "expert_weights_scale" || rest == "expert_gating_func"))
+      continue;  // read_experts
     // Keys that some converters write with their neutral value.
     if ((rest == "expert_count" || rest == "expert_used_count") && f.get_int_opt(key) == 0)
       continue;
@@ -121,6 +126,59 @@ RopeScaling read_rope_scaling(const GgufFile& f, const std::string& a, int64_t n
   return r;
 }
 
+// The mixture of experts: counts, the expert width and how the router's
+// choices are weighed. barata weighs as llama.cpp does for the architecture
+// (the row); a file that states another rule is refused, naming its key,
+// rather than run by a rule it contradicts.
+void read_experts(const GgufFile& f, const std::string& a, ModelConfig& c) {
+  const ArchSpec& spec = *c.spec;
+  const auto count = f.get_int_opt(a + "expert_count");
+  if (spec.experts == Presence::kNo || !count || *count == 0) {
+    if (spec.experts == Presence::kYes)
+      fail("{}: metadata key '{}' is {}; every {} file has experts (1 to 1024)", f.name(),
+           a + "expert_count", count ? fmt::format("{}", *count) : std::string("missing"), c.arch);
+    return;
+  }
+  if (*count < 1 || *count > 1024)
+    fail("{}: metadata key '{}' is {}, expected 1 to 1024", f.name(), a + "expert_count", *count);
+  c.n_expert = *count;
+  const std::string used_key = a + "expert_used_count";
+  const auto used = f.get_int_opt(used_key);
+  if (!used) fail("{}: metadata key '{}' is missing ({} = {})", f.name(), used_key,
+                  a + "expert_count", c.n_expert);
+  if (*used < 1 || *used > c.n_expert)
+    fail("{}: metadata key '{}' is {}, expected 1 to {} = {}", f.name(), used_key, *used,
+         a + "expert_count", c.n_expert);
+  c.n_expert_used = *used;
+  const std::string width_key = a + "expert_feed_forward_length";
+  if (auto w = f.get_int_opt(width_key)) {
+    if (*w <= 0 || *w > (int64_t{1} << 20))
+      fail("{}: metadata key '{}' is {}, expected 1 to {}", f.name(), width_key, *w,
+           int64_t{1} << 20);
+    c.d_ff_exp = *w;
+  } else if (spec.expert_width_split) {
+    c.d_ff_exp = c.d_ff / c.n_expert_used;
+    if (c.d_ff_exp == 0)
+      fail("{}: {} is missing and {} = {} / {} = {} gives no expert width", f.name(), width_key,
+           a + "feed_forward_length", c.d_ff, used_key, c.n_expert_used);
+  } else {
+    c.d_ff_exp = c.d_ff;
+  }
+  c.expert_weights_norm = spec.expert_weights_norm;
+  const std::string norm_key = a + "expert_weights_norm";
+  if (f.has(norm_key) && f.get<bool>(norm_key) != spec.expert_weights_norm)
+    fail("{}: metadata key '{}' is {}, but {} experts are weighed with it {} (as llama.cpp)",
+         f.name(), norm_key, f.get<bool>(norm_key), c.arch, spec.expert_weights_norm);
+  const std::string scale_key = a + "expert_weights_scale";
+  if (auto s = f.get_number_opt(scale_key); s && *s != 0.0 && *s != 1.0)
+    fail("{}: metadata key '{}' is {}, but {} experts are weighed unscaled (as llama.cpp)",
+         f.name(), scale_key, *s, c.arch);
+  const std::string gating_key = a + "expert_gating_func";
+  if (auto g = f.get_int_opt(gating_key); g && *g != 1)  // llama.cpp: 1 softmax, 2 sigmoid
+    fail("{}: metadata key '{}' is {}, but {} routes by softmax (1)", f.name(), gating_key, *g,
+         c.arch);
+}
+
 }  // namespace
 
 const char* rope_scaling_name(RopeScalingType t) {
@@ -172,6 +230,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
                f.get_int_opt(a + "attention.head_count_kv").value_or(c.n_head), kMaxWidth);
   c.d_ff = get(a + "feed_forward_length", kMaxWidth);
   c.n_ctx_train = get(a + "context_length", int64_t{1} << 32);
+  read_experts(f, a, c);
   if (auto kl = f.get_int_opt(a + "attention.key_length")) {
     c.head_dim = in_range(a + "attention.key_length", *kl, kMaxWidth);
   } else {

@@ -30,6 +30,8 @@ const char* op_name(OpKind k) {
       return "geglu";
     case OpKind::kAdd:
       return "add";
+    case OpKind::kMoe:
+      return "moe";
     case OpKind::kLayerEnd:
       return "layer_end";
     case OpKind::kLogits:
@@ -46,8 +48,10 @@ const char* act_name(Act a) {
   return i < std::size(names) ? names[i] : "?";
 }
 
+// (kMoe reads x through its router and experts: a matmul to the analysis.)
 bool is_matmul(OpKind k) {
-  return k == OpKind::kMatmul || k == OpKind::kMatmulBias || k == OpKind::kMatmulAdd;
+  return k == OpKind::kMatmul || k == OpKind::kMatmulBias || k == OpKind::kMatmulAdd ||
+         k == OpKind::kMoe;
 }
 
 // Whether op writes activation a (kMatmulAdd writes its y and the scratch kOut).
@@ -153,6 +157,14 @@ StepProgram StepProgram::record(const Model& model) {
       r.matmul(OpKind::kMatmulAdd, l, "wo", L.wo, Act::kAtt, Act::kX);
     }
     r.norm(l, "ffn_norm", L.ffn_norm, Act::kX, Act::kXn);
+    if (c.moe()) {  // x += the experts' weighted sum (no architecture has post-norms and experts)
+      if (c.post_norms) fail("internal: {} has post-norms and experts", c.arch);
+      StepOp& op = r.add(OpKind::kMoe, l, Act::kXn, Act::kX, "moe");
+      op.w = &L.router;
+      op.experts = &L;
+      r.add(OpKind::kLayerEnd, l, Act::kX, Act::kX, "layer_end");
+      continue;
+    }
     r.matmul(OpKind::kMatmul, l, "w_gate", L.w_gate, Act::kXn, Act::kGate);
     r.matmul(OpKind::kMatmul, l, "w_up", L.w_up, Act::kXn, Act::kUp);
     r.add(c.glu == Glu::kGeGLU ? OpKind::kGeGlu : OpKind::kSwiGlu, l, Act::kUp, Act::kGate,

@@ -186,7 +186,8 @@ TEST_P(ArchReference, NoCacheAndBatchOfFourAgree) {
 
 INSTANTIATE_TEST_SUITE_P(Rows, ArchReference,
                          ::testing::Values("tiny-qwen3", "tiny-llama3", "tiny-llama-linear",
-                                           "tiny-llama-yarn", "tiny-gemma3", "tiny-phi"),
+                                           "tiny-llama-yarn", "tiny-gemma3", "tiny-phi",
+                                           "tiny-qwen3moe", "tiny-mixtral"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

@@ -59,6 +59,19 @@ struct ArchSpec {
   float rope_base_swa = 0.0f;  // the local layers' RoPE base, unscaled (0: the file's)
   // The chat format of the family, for a file with no tokenizer.chat_template
   // ("" where the architecture spans families: llama).
+  // Mixture of experts (ffn_gate_inp, ffn_{gate,up,down}_exps in place of
+  // the dense FFN) when `<arch>.expert_count` > 0: never, may (llama:
+  // Mixtral), must (qwen3moe).
+  Presence experts = Presence::kNo;
+  // How a token's experts are weighed (llama.cpp's build_moe_ffn as each
+  // architecture calls it): softmax over every expert's router logit, the
+  // top expert_used_count by probability, their probabilities divided by
+  // their sum when expert_weights_norm.
+  bool expert_weights_norm = false;
+  // No `<arch>.expert_feed_forward_length`: the expert width is
+  // feed_forward_length / expert_used_count (qwen3moe, as llama.cpp), else
+  // feed_forward_length itself (Mixtral).
+  bool expert_width_split = false;
   std::string_view chat;
   std::string_view about;  // one line for `barata inspect`
 };

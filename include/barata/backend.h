@@ -147,6 +147,11 @@ class Backend {
     matmul(w, x, scratch);
     add(acc, scratch, n);
   }
+  // acc += the layer's mixture of experts of xn, every batch row: the router
+  // (L.router), each row's experts chosen and weighed by route_experts
+  // (moe.h), each chosen expert's SwiGLU FFN, their outputs summed in the
+  // order chosen, then added to acc. A backend without it says so.
+  virtual void moe(const LayerWeights& L, const float* xn, float* acc);
   // Final norm of the rows that want logits, the output matmul, and the
   // logits (batch.logit_rows.size() x n_vocab) copied to the host.
   virtual void logits(const float* x, float* host_logits) = 0;

@@ -40,6 +40,11 @@ struct LayerWeights {
   WeightDesc w_gate;                                 // (d_ff rows, d_model)
   WeightDesc w_up;                                   // (d_ff rows, d_model)
   WeightDesc w_down;                                 // (d_model rows, d_ff)
+  // A mixture-of-experts layer (ModelConfig::moe(); w_gate, w_up and w_down
+  // are then unset): the router and each expert's matrices, expert e's rows
+  // of the 3-D ffn_{gate,up,down}_exps tensors as a matrix of its own.
+  WeightDesc router;                                      // ffn_gate_inp (n_expert rows, d_model)
+  std::vector<WeightDesc> gate_exps, up_exps, down_exps;  // [n_expert]: (d_ff_exp, d_model) ...
 };
 
 class Model {
@@ -64,7 +69,11 @@ class Model {
 
   // Row `token` of the embedding table as floats (any dtype).
   void embed(int32_t token, float* out) const;
-  int64_t weight_bytes() const;  // bytes of every matrix a decode step reads
+  // Bytes of the matrices one decode token reads: every matrix of a dense
+  // model; a mixture of experts' router and expert_used_count of its
+  // experts per layer (the active bytes).
+  int64_t weight_bytes() const;
+  int64_t total_weight_bytes() const;  // every matrix (what memory holds)
   // Every distinct matrix, indexed by WeightDesc::id (a tied output is the embedding).
   std::vector<const WeightDesc*> matrices() const;
   int n_matrices() const { return n_matrices_; }

@@ -35,6 +35,13 @@ struct ModelConfig {
   int64_t n_head_kv = 0;           // key/value heads (GQA when < n_head)
   int64_t head_dim = 0;            // per head; d_model / n_head unless the file says otherwise
   int64_t d_ff = 0;                // MLP hidden width (feed_forward_length)
+  // Mixture of experts (expert_count > 0): every layer's FFN is n_expert
+  // SwiGLU experts of d_ff_exp rows, n_expert_used of them per token.
+  int64_t n_expert = 0;          // expert_count; 0: a dense FFN
+  int64_t n_expert_used = 0;     // expert_used_count
+  int64_t d_ff_exp = 0;          // an expert's hidden width
+  bool expert_weights_norm = false;  // the chosen probabilities divided by their sum
+  bool moe() const { return n_expert > 0; }
   int64_t n_ctx_train = 0;         // context_length the model was trained with
   int64_t n_vocab = 0;             // rows of token_embd
   float rope_base = 10000.0f;      // rope.freq_base (float32 in the file, as llama.cpp keeps it)

@@ -32,6 +32,7 @@ enum class OpKind : uint8_t {
   kSwiGlu,      // y(gate) = silu(gate) * x(up)
   kGeGlu,       // y(gate) = gelu_tanh(gate) * x(up)
   kAdd,         // y += x, width d_model
+  kMoe,         // y += the layer's mixture of experts of x (w: the router; experts: the layer)
   kLayerEnd,    // the residual stream after a layer (the engine's residual hook)
   kLogits,      // final norm (vec) of the rows that want logits, output matmul, to the host
 };
@@ -46,6 +47,7 @@ struct StepOp {
   const std::vector<float>* vec = nullptr;  // gains or bias
   int32_t vec_id = -1;                      // VecId of vec
   int64_t n_heads = 0;                      // kHeadNorm
+  const LayerWeights* experts = nullptr;    // kMoe: the router's and experts' layer
   // Filled by analyse(): the ids of the weights whose matmuls read this op's
   // output y before anything writes y again (rms_norm and GLU outputs feed
   // two or three matmuls: a backend quantizes their input once).

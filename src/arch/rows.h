@@ -8,6 +8,7 @@ namespace barata::arch {
 extern const ArchSpec kLlama;
 extern const ArchSpec kQwen2;
 extern const ArchSpec kQwen3;
+extern const ArchSpec kQwen3Moe;
 extern const ArchSpec kGemma3;
 extern const ArchSpec kPhi3;
 

@@ -63,6 +63,10 @@ struct Preset {
   bool qk_norm = false;  // attn_q_norm / attn_k_norm (qwen3)
   Rope rope = Rope::kPlain;
   int64_t window = 0;  // gemma3: attention.sliding_window and the post-norms
+  // A mixture of experts (expert_count > 0): ffn_gate_inp and 3-D
+  // ffn_{gate,up,down}_exps in place of the dense FFN; d_ff_exp is written
+  // as expert_feed_forward_length for qwen3moe (Mixtral's is d_ff).
+  int64_t n_expert = 0, n_expert_used = 0, d_ff_exp = 0;
 };
 
 // Shapes of released models (their config.json) and two small ones for tests.
@@ -126,6 +130,27 @@ const Preset kPresets[] = {
     {"tiny-phi", "phi3", 2, 128, 4, 2, 256, 768, 4096, 1e4f, 1e-5f, false, false,
      "tests: phi3, fused qkv and gate+up, LongRoPE (original context 1024), 4/2 heads x 32", 0,
      false, Rope::kLongRope},
+    // Mixtures of experts. Qwen3-30B-A3B's config.json: 48 layers, d_model
+    // 2048, 32/4 heads of 128, 128 experts of 768, 8 used, vocab 151936,
+    // untied (17 GB in Q4_0: written tensor by tensor, never held whole).
+    {"qwen3-30b-a3b", "qwen3moe", 48, 2048, 32, 4, 6144, 151936, 40960, 1e6f, 1e-6f, false, false,
+     "Qwen3-30B-A3B: 48 layers, d_model 2048, 32/4 heads x 128, 128 experts x 768, 8 used, "
+     "untied",
+     128, true, Rope::kPlain, 0, 128, 8, 768},
+    // OLMoE-1B-7B's shape (16 layers, d_model 2048, 16 heads of 128, 64
+    // experts of 1024, 8 used, vocab 50304) written as qwen3moe: about 1.3B
+    // active of 6.9B.
+    {"olmoe-like", "qwen3moe", 16, 2048, 16, 16, 1024, 50304, 4096, 1e4f, 1e-5f, false, false,
+     "OLMoE-1B-7B's shape as qwen3moe: 16 layers, d_model 2048, 16 heads x 128, 64 experts x "
+     "1024, 8 used",
+     128, true, Rope::kPlain, 0, 64, 8, 1024},
+    {"tiny-qwen3moe", "qwen3moe", 2, 128, 4, 2, 384, 1024, 512, 1e6f, 1e-6f, false, true,
+     "tests: qwen3moe, 2 layers, d_model 128, 4/2 heads x 64, 8 experts x 64, 2 used, tied", 64,
+     true, Rope::kPlain, 0, 8, 2, 64},
+    {"tiny-mixtral", "llama", 2, 128, 4, 2, 64, 768, 512, 1e6f, 1e-5f, false, false,
+     "tests: llama with experts (Mixtral), 2 layers, d_model 128, 4/2 heads x 32, 8 experts x "
+     "64, 2 used, untied",
+     0, false, Rope::kPlain, 0, 8, 2, 64},
     {"tiny-gemma3", "gemma3", 7, 64, 2, 1, 192, 512, 512, 1e6f, 1e-6f, false, true,
      "tests: gemma3, 7 layers (local 0-4 and 6, global 5), d_model 64, 2/1 heads x 64, "
      "window 32",
@@ -383,7 +408,7 @@ int run(const Options& o) {
         tr.name);
   const int64_t head_dim = p.head_dim > 0 ? p.head_dim : p.d_model / p.n_head;
   const int64_t q_dim = p.n_head * head_dim, kv_dim = p.n_head_kv * head_dim;
-  for (int64_t k : {p.d_model, q_dim, p.d_ff})
+  for (int64_t k : {p.d_model, q_dim, p.n_expert > 0 ? p.d_ff_exp : p.d_ff})
     if (k % tr.block_size != 0)
       fail("--type {}: a row of {} values is not a whole number of {}-value blocks", tr.name, k,
            tr.block_size);
@@ -414,6 +439,12 @@ int run(const Options& o) {
     w.set(a + "attention.value_length", static_cast<uint32_t>(head_dim));
   }
   if (p.window > 0) w.set(a + "attention.sliding_window", static_cast<uint32_t>(p.window));
+  if (p.n_expert > 0) {
+    w.set(a + "expert_count", static_cast<uint32_t>(p.n_expert));
+    w.set(a + "expert_used_count", static_cast<uint32_t>(p.n_expert_used));
+    if (std::string(p.arch) == "qwen3moe")
+      w.set(a + "expert_feed_forward_length", static_cast<uint32_t>(p.d_ff_exp));
+  }
   if (p.rope == Rope::kLongRope) {
     w.set(a + "rope.scaling.original_context_length", static_cast<uint32_t>(p.n_ctx / 4));
     w.set(a + "rope.scaling.attn_factor",
@@ -438,13 +469,17 @@ int run(const Options& o) {
 
   const uint64_t seed_key = mix64(o.seed ^ 0x6261726174617379ull);  // "baratasy"
   // A matrix or vector: values drawn when the writer reaches it.
-  auto tensor = [&](const std::string& name, int64_t k, int64_t rows, DType t, Dist d) {
+  // n_mats > 1: a 3-D tensor of that many matrices (experts), rows after rows.
+  auto tensor = [&](const std::string& name, int64_t k, int64_t rows, DType t, Dist d,
+                    int64_t n_mats = 1) {
     const uint64_t key = mix64(seed_key ^ fnv1a(name));
-    std::vector<int64_t> shape =
-        rows == 1 ? std::vector<int64_t>{k} : std::vector<int64_t>{k, rows};
+    std::vector<int64_t> shape = rows == 1     ? std::vector<int64_t>{k}
+                                 : n_mats == 1 ? std::vector<int64_t>{k, rows}
+                                               : std::vector<int64_t>{k, rows, n_mats};
+    const int64_t all_rows = rows * n_mats;
     w.add_tensor(name, t, shape, GgufWriter::Producer([=] {
-                   g_values += k * rows;
-                   return make_tensor(t, k, rows, key, d, threads);
+                   g_values += k * all_rows;
+                   return make_tensor(t, k, all_rows, key, d, threads);
                  }));
   };
   const Dist weight{0.0f, o.std}, gain{1.0f, o.std}, bias{0.0f, o.std};
@@ -491,13 +526,19 @@ int run(const Options& o) {
     tensor(b + "attn_output.weight", q_dim, p.d_model, *type, weight);
     if (p.window > 0) tensor(b + "post_attention_norm.weight", p.d_model, 1, DType::F32, gain);
     tensor(b + "ffn_norm.weight", p.d_model, 1, DType::F32, gain);
-    if (phi3) {
+    if (p.n_expert > 0) {
+      // The router in F32, as llama.cpp's quantizer leaves it.
+      tensor(b + "ffn_gate_inp.weight", p.d_model, p.n_expert, DType::F32, weight);
+      tensor(b + "ffn_gate_exps.weight", p.d_model, p.d_ff_exp, *type, weight, p.n_expert);
+      tensor(b + "ffn_up_exps.weight", p.d_model, p.d_ff_exp, *type, weight, p.n_expert);
+      tensor(b + "ffn_down_exps.weight", p.d_ff_exp, p.d_model, *type, weight, p.n_expert);
+    } else if (phi3) {
       tensor(b + "ffn_up.weight", p.d_model, 2 * p.d_ff, *type, weight);
     } else {
       tensor(b + "ffn_gate.weight", p.d_model, p.d_ff, *type, weight);
       tensor(b + "ffn_up.weight", p.d_model, p.d_ff, *type, weight);
     }
-    tensor(b + "ffn_down.weight", p.d_ff, p.d_model, *type, weight);
+    if (p.n_expert == 0) tensor(b + "ffn_down.weight", p.d_ff, p.d_model, *type, weight);
     if (p.window > 0) tensor(b + "post_ffw_norm.weight", p.d_model, 1, DType::F32, gain);
   }
   tensor("output_norm.weight", p.d_model, 1, DType::F32, gain);
