@@ -66,8 +66,8 @@ std::vector<WeightDesc> bind_experts(const GgufFile& f, const ModelConfig& c,
     fail("{}: tensor {} holds {} experts but {}.expert_count = {}", f.name(), name, t->shape[2],
          c.arch, c.n_expert);
   if (t != nullptr && t->shape.size() == 3 && t->shape[0] == k && t->shape[1] != n_rows)
-    fail("{}: tensor {} has experts of {} rows but {} = {}", f.name(), name, t->shape[1],
-         rows_key, n_rows);
+    fail("{}: tensor {} has experts of {} rows but {} = {}", f.name(), name, t->shape[1], rows_key,
+         n_rows);
   const GgufTensorInfo& ti = require(f, name, {k, n_rows, c.n_expert});
   std::vector<WeightDesc> out(static_cast<size_t>(c.n_expert));
   const size_t rb = row_bytes(ti.type, k);
@@ -97,7 +97,8 @@ void check_block_count(const GgufFile& f, const ModelConfig& c) {
   // Each layer needs at least its weight tensors (9, fewer where q/k/v or
   // gate/up are fused): a block count the file cannot back is refused before
   // the layers are allocated.
-  const int64_t per_layer = 9 - (c.fused_qkv ? 2 : 0) - (c.fused_gate_up ? 1 : 0) + (c.moe() ? 1 : 0);
+  const int64_t per_layer =
+      9 - (c.fused_qkv ? 2 : 0) - (c.fused_gate_up ? 1 : 0) + (c.moe() ? 1 : 0);
   if (static_cast<uint64_t>(c.n_layer * per_layer) > f.tensors().size())
     fail("{}: {}.block_count = {} needs at least {} tensors but the file has {}", f.name(), c.arch,
          c.n_layer, c.n_layer * per_layer, f.tensors().size());
@@ -180,15 +181,15 @@ Model Model::from_gguf(GgufFile file) {
     L.ffn_norm = vector_f32(p + "ffn_norm.weight", c.d_model);
     if (c.moe()) {
       const std::string router = p + "ffn_gate_inp.weight";
-      if (const GgufTensorInfo* t = f.find_tensor(router);
-          t != nullptr && t->shape.size() == 2 && t->shape[0] == c.d_model &&
-          t->shape[1] != c.n_expert)
+      if (const GgufTensorInfo* t = f.find_tensor(router); t != nullptr && t->shape.size() == 2 &&
+                                                           t->shape[0] == c.d_model &&
+                                                           t->shape[1] != c.n_expert)
         fail("{}: tensor {} routes to {} experts but {}.expert_count = {}", f.name(), router,
              t->shape[1], c.arch, c.n_expert);
       L.router = matrix(router, c.d_model, c.n_expert);
       const std::string width_key =
           c.arch + (f.has(c.arch + ".expert_feed_forward_length") ? ".expert_feed_forward_length"
-                                                                 : ".feed_forward_length");
+                                                                  : ".feed_forward_length");
       const std::string d_key = c.arch + ".embedding_length";
       L.gate_exps =
           bind_experts(f, c, p + "ffn_gate_exps.weight", c.d_model, c.d_ff_exp, width_key, &used);

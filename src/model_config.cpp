@@ -144,8 +144,9 @@ void read_experts(const GgufFile& f, const std::string& a, ModelConfig& c) {
   c.n_expert = *count;
   const std::string used_key = a + "expert_used_count";
   const auto used = f.get_int_opt(used_key);
-  if (!used) fail("{}: metadata key '{}' is missing ({} = {})", f.name(), used_key,
-                  a + "expert_count", c.n_expert);
+  if (!used)
+    fail("{}: metadata key '{}' is missing ({} = {})", f.name(), used_key, a + "expert_count",
+         c.n_expert);
   if (*used < 1 || *used > c.n_expert)
     fail("{}: metadata key '{}' is {}, expected 1 to {} = {}", f.name(), used_key, *used,
          a + "expert_count", c.n_expert);

@@ -1,6 +1,7 @@
 // A small random-weight model in any shape and weight type (llama and qwen2:
-// GQA, q/k/v biases, tied and untied embeddings, odd sizes), written as GGUF
-// bytes, with the dequantized values kept as doubles for a reference.
+// GQA, q/k/v biases, tied and untied embeddings, odd sizes; llama with
+// experts, Mixtral's layout), written as GGUF bytes, with the dequantized
+// values kept as doubles for a reference.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,8 @@ struct Shape {
   int64_t n_layer, d_model, n_head, n_head_kv, head_dim, d_ff, n_vocab;
   bool tied, bias;
   DType wtype;
+  // Experts (arch llama: Mixtral's layout): d_ff is then each expert's width.
+  int64_t n_expert = 0, n_expert_used = 0;
 };
 
 using Mat = std::vector<double>;  // row-major (rows, k)
@@ -25,6 +28,8 @@ using Mat = std::vector<double>;  // row-major (rows, k)
 struct RefLayer {
   std::vector<double> attn_norm, ffn_norm, bq, bk, bv;
   Mat wq, wk, wv, wo, wg, wu, wd;
+  Mat router;                   // (n_expert, d_model), F32
+  std::vector<Mat> eg, eu, ed;  // per expert: gate, up (d_ff, d_model), down (d_model, d_ff)
 };
 
 struct Synthetic {
@@ -50,19 +55,26 @@ inline Synthetic make_model(const Shape& s, uint32_t seed) {
   w.set(a + "context_length", GgufValue(uint32_t(64)));
   w.set(a + "rope.freq_base", GgufValue(10000.0f));
   w.set(a + "attention.layer_norm_rms_epsilon", GgufValue(1e-5f));
+  if (s.n_expert > 0) {
+    w.set(a + "expert_count", GgufValue(uint32_t(s.n_expert)));
+    w.set(a + "expert_used_count", GgufValue(uint32_t(s.n_expert_used)));
+  }
   if (s.head_dim != s.d_model / s.n_head)
     w.set(a + "attention.key_length", GgufValue(uint32_t(s.head_dim)));
 
+  // n_mats > 1: a 3-D tensor of n_mats matrices (experts), quantized whole.
   auto tensor = [&](const std::string& name, int64_t k, int64_t rows, float scale, DType type,
-                    float offset = 0.0f) {
-    std::vector<float> v(static_cast<size_t>(k * rows));
+                    float offset = 0.0f, int64_t n_mats = 1) {
+    const int64_t all = rows * n_mats;
+    std::vector<float> v(static_cast<size_t>(k * all));
     for (auto& x : v) x = offset + nd(rng) * scale;
     // Whole-matrix: barata's per-row and per-tensor types keep headers.
-    std::vector<uint8_t> bytes(tensor_bytes(type, k, rows));
-    quantize_tensor(type, v.data(), k, rows, bytes.data());
-    dequantize_tensor(type, bytes.data(), k, rows, v.data());
-    std::vector<int64_t> shape =
-        rows == 1 ? std::vector<int64_t>{k} : std::vector<int64_t>{k, rows};
+    std::vector<uint8_t> bytes(tensor_bytes(type, k, all));
+    quantize_tensor(type, v.data(), k, all, bytes.data());
+    dequantize_tensor(type, bytes.data(), k, all, v.data());
+    std::vector<int64_t> shape = rows == 1     ? std::vector<int64_t>{k}
+                                 : n_mats == 1 ? std::vector<int64_t>{k, rows}
+                                               : std::vector<int64_t>{k, rows, n_mats};
     w.add_tensor(name, type, shape, std::move(bytes));
     return std::vector<double>(v.begin(), v.end());
   };
@@ -85,9 +97,24 @@ inline Synthetic make_model(const Shape& s, uint32_t seed) {
       L.bv = tensor(p + "attn_v.bias", kvd, 1, 0.5f, DType::F32);
     }
     L.ffn_norm = tensor(p + "ffn_norm.weight", s.d_model, 1, 0.2f, DType::F32, 1.0f);
-    L.wg = tensor(p + "ffn_gate.weight", s.d_model, s.d_ff, 0.3f, wt);
-    L.wu = tensor(p + "ffn_up.weight", s.d_model, s.d_ff, 0.3f, wt);
-    L.wd = tensor(p + "ffn_down.weight", s.d_ff, s.d_model, 0.3f, wt);
+    if (s.n_expert > 0) {
+      const int64_t E = s.n_expert;
+      L.router = tensor(p + "ffn_gate_inp.weight", s.d_model, E, 0.3f, DType::F32);
+      auto split = [&](const Mat& all, int64_t per) {
+        std::vector<Mat> out;
+        for (int64_t e = 0; e < E; ++e)
+          out.emplace_back(all.begin() + e * per, all.begin() + (e + 1) * per);
+        return out;
+      };
+      const int64_t per = s.d_model * s.d_ff;
+      L.eg = split(tensor(p + "ffn_gate_exps.weight", s.d_model, s.d_ff, 0.3f, wt, 0.0f, E), per);
+      L.eu = split(tensor(p + "ffn_up_exps.weight", s.d_model, s.d_ff, 0.3f, wt, 0.0f, E), per);
+      L.ed = split(tensor(p + "ffn_down_exps.weight", s.d_ff, s.d_model, 0.3f, wt, 0.0f, E), per);
+    } else {
+      L.wg = tensor(p + "ffn_gate.weight", s.d_model, s.d_ff, 0.3f, wt);
+      L.wu = tensor(p + "ffn_up.weight", s.d_model, s.d_ff, 0.3f, wt);
+      L.wd = tensor(p + "ffn_down.weight", s.d_ff, s.d_model, 0.3f, wt);
+    }
     m.layers.push_back(std::move(L));
   }
   if (!s.tied)

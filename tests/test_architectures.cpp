@@ -461,7 +461,7 @@ TEST(ArchReference, WithoutItsRopeScalingTheLongPromptIsWrong) {
 }
 
 TEST(Architectures, TheTableNamesEveryRow) {
-  EXPECT_EQ(architecture_names(), "llama, qwen2, qwen3, gemma3, phi3");
+  EXPECT_EQ(architecture_names(), "llama, qwen2, qwen3, qwen3moe, gemma3, phi3");
   ASSERT_NE(find_architecture("qwen3"), nullptr);
   EXPECT_EQ(find_architecture("qwen3")->qk_norm, Presence::kYes);
   EXPECT_EQ(find_architecture("phi2"), nullptr);
@@ -481,7 +481,7 @@ TEST(Architectures, WhatBarataDoesNotUnderstandIsOneErrorNamingIt) {
   const auto nothing = [](GgufWriter&) {};
   const std::vector<Refusal> cases = {
       {"unknown architecture", "tiny-qwen3", set_str("general.architecture", "phi2"), "",
-       "unsupported architecture 'phi2' (supported: llama, qwen2, qwen3, gemma3, phi3)"},
+       "unsupported architecture 'phi2' (supported: llama, qwen2, qwen3, qwen3moe, gemma3, phi3)"},
       {"phi3 long factors without the short ones", "tiny-phi", nothing, "rope_factors_short.weight",
        "tensor rope_factors_short.weight is missing"},
       {"gemma3 without its window", "tiny-gemma3",
@@ -498,9 +498,32 @@ TEST(Architectures, WhatBarataDoesNotUnderstandIsOneErrorNamingIt) {
       {"a sliding window barata's row lacks", "tiny-llama3",
        [](GgufWriter& w) { w.set("llama.attention.sliding_window", GgufValue(uint32_t{64})); }, "",
        "metadata key 'llama.attention.sliding_window' is not supported"},
-      {"experts", "tiny-llama3",
+      {"experts without a used count", "tiny-llama3",
        [](GgufWriter& w) { w.set("llama.expert_count", GgufValue(uint32_t{8})); }, "",
-       "metadata key 'llama.expert_count' is not supported"},
+       "metadata key 'llama.expert_used_count' is missing (llama.expert_count = 8)"},
+      {"experts on an architecture without them", "tiny-qwen3",
+       [](GgufWriter& w) { w.set("qwen3.expert_count", GgufValue(uint32_t{8})); }, "",
+       "metadata key 'qwen3.expert_count' is not supported"},
+      {"more experts used than there are", "tiny-qwen3moe",
+       [](GgufWriter& w) { w.set("qwen3moe.expert_used_count", GgufValue(uint32_t{9})); }, "",
+       "metadata key 'qwen3moe.expert_used_count' is 9, expected 1 to qwen3moe.expert_count = 8"},
+      {"an expert count the router disagrees with", "tiny-qwen3moe",
+       [](GgufWriter& w) { w.set("qwen3moe.expert_count", GgufValue(uint32_t{6})); }, "",
+       "tensor blk.0.ffn_gate_inp.weight routes to 8 experts but qwen3moe.expert_count = 6"},
+      {"an expert width the tensors disagree with", "tiny-qwen3moe",
+       [](GgufWriter& w) { w.set("qwen3moe.expert_feed_forward_length", GgufValue(uint32_t{96})); },
+       "",
+       "tensor blk.0.ffn_gate_exps.weight has experts of 64 rows but "
+       "qwen3moe.expert_feed_forward_length = 96"},
+      {"qwen3moe without experts", "tiny-qwen3moe",
+       [](GgufWriter& w) { w.remove("qwen3moe.expert_count"); }, "",
+       "metadata key 'qwen3moe.expert_count' is missing; every qwen3moe file has experts"},
+      {"a weighting llama.cpp does not give the architecture", "tiny-qwen3moe",
+       [](GgufWriter& w) { w.set("qwen3moe.expert_weights_norm", GgufValue(false)); }, "",
+       "metadata key 'qwen3moe.expert_weights_norm' is false, but qwen3moe experts are weighed "
+       "with it true"},
+      {"a missing expert tensor", "tiny-mixtral", nothing, "blk.1.ffn_down_exps.weight",
+       "tensor blk.1.ffn_down_exps.weight is missing"},
       {"qwen3 without its q norm", "tiny-qwen3", nothing, "blk.0.attn_q_norm.weight",
        "tensor blk.0.attn_q_norm.weight (per-head q/k norms) is missing"},
       {"qwen3 without a later k norm", "tiny-qwen3", nothing, "blk.1.attn_k_norm.weight",

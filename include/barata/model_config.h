@@ -37,15 +37,15 @@ struct ModelConfig {
   int64_t d_ff = 0;                // MLP hidden width (feed_forward_length)
   // Mixture of experts (expert_count > 0): every layer's FFN is n_expert
   // SwiGLU experts of d_ff_exp rows, n_expert_used of them per token.
-  int64_t n_expert = 0;          // expert_count; 0: a dense FFN
-  int64_t n_expert_used = 0;     // expert_used_count
-  int64_t d_ff_exp = 0;          // an expert's hidden width
+  int64_t n_expert = 0;              // expert_count; 0: a dense FFN
+  int64_t n_expert_used = 0;         // expert_used_count
+  int64_t d_ff_exp = 0;              // an expert's hidden width
   bool expert_weights_norm = false;  // the chosen probabilities divided by their sum
   bool moe() const { return n_expert > 0; }
-  int64_t n_ctx_train = 0;         // context_length the model was trained with
-  int64_t n_vocab = 0;             // rows of token_embd
-  float rope_base = 10000.0f;      // rope.freq_base (float32 in the file, as llama.cpp keeps it)
-  int64_t rope_dims = 0;           // rope.dimension_count; head_dim unless given
+  int64_t n_ctx_train = 0;     // context_length the model was trained with
+  int64_t n_vocab = 0;         // rows of token_embd
+  float rope_base = 10000.0f;  // rope.freq_base (float32 in the file, as llama.cpp keeps it)
+  int64_t rope_dims = 0;       // rope.dimension_count; head_dim unless given
   RopeStyle rope_style = RopeStyle::kNormal;
   RopeScaling rope_scaling;
   // rope_freqs.weight (rope_dims / 2 divisors of the pair frequencies, Llama

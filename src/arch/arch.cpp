@@ -9,7 +9,7 @@ namespace barata {
 std::span<const ArchSpec> architectures() {
   // Copied once, at first use: the rows are constants of other translation
   // units (no static initialisation order to rely on).
-  static const std::array<ArchSpec, 6> kRows = {arch::kLlama,  arch::kQwen2, arch::kQwen3,
+  static const std::array<ArchSpec, 6> kRows = {arch::kLlama,    arch::kQwen2,  arch::kQwen3,
                                                 arch::kQwen3Moe, arch::kGemma3, arch::kPhi3};
   return kRows;
 }

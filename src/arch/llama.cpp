@@ -21,7 +21,9 @@ const ArchSpec kLlama{
     .experts = Presence::kOptional,
     .expert_weights_norm = true,
     .chat = "",
-    .about = "Llama 1/2/3.x, Mistral, SmolLM2, Mixtral: pre-norm, SwiGLU (or experts), RoPE (normal pairs)",
+    .about =
+        "Llama 1/2/3.x, Mistral, SmolLM2, Mixtral: pre-norm, SwiGLU (or experts), RoPE (normal "
+        "pairs)",
 };
 
 }  // namespace barata::arch

@@ -22,7 +22,8 @@ const ArchSpec kQwen3Moe{
     .expert_weights_norm = true,
     .expert_width_split = true,
     .chat = "chatml",
-    .about = "Qwen3-MoE: Qwen3's attention, a mixture of SwiGLU experts (softmax, top-k, normalised)",
+    .about =
+        "Qwen3-MoE: Qwen3's attention, a mixture of SwiGLU experts (softmax, top-k, normalised)",
 };
 
 }  // namespace barata::arch

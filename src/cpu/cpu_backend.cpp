@@ -369,7 +369,8 @@ void CpuBackend::moe(const LayerWeights& L, const float* xn, float* acc) {
   moe_up_.resize(static_cast<size_t>(P * f));
   moe_y_.resize(static_cast<size_t>(P * d));
   for (const int32_t e : g.active) {
-    const int64_t r0 = g.start[static_cast<size_t>(e)], n = g.start[static_cast<size_t>(e) + 1] - r0;
+    const int64_t r0 = g.start[static_cast<size_t>(e)],
+                  n = g.start[static_cast<size_t>(e) + 1] - r0;
     barata::matmul(*pool_, views_[static_cast<size_t>(L.gate_exps[static_cast<size_t>(e)].id)],
                    act_rows(moe_in_[0], r0, n), moe_gate_.data() + r0 * f, f);
     barata::matmul(*pool_, views_[static_cast<size_t>(L.up_exps[static_cast<size_t>(e)].id)],
@@ -380,7 +381,8 @@ void CpuBackend::moe(const LayerWeights& L, const float* xn, float* acc) {
   });
   prepare_acts(*pool_, down0.kernel->act, moe_gate_.data(), P, f, moe_down_in_);
   for (const int32_t e : g.active) {
-    const int64_t r0 = g.start[static_cast<size_t>(e)], n = g.start[static_cast<size_t>(e) + 1] - r0;
+    const int64_t r0 = g.start[static_cast<size_t>(e)],
+                  n = g.start[static_cast<size_t>(e) + 1] - r0;
     barata::matmul(*pool_, views_[static_cast<size_t>(L.down_exps[static_cast<size_t>(e)].id)],
                    act_rows(moe_down_in_, r0, n), moe_y_.data() + r0 * d, d);
   }

@@ -599,9 +599,10 @@ class CudaBackend final : public Backend {
 
 void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_blocks, int64_t n_ctx) {
   if (model.config().moe())
-    fail("cuda: {} is a mixture of experts ({} experts), which the CUDA backend does not run yet; "
-         "use --device cpu",
-         model.file().name(), model.config().n_expert);
+    fail(
+        "cuda: {} is a mixture of experts ({} experts), which the CUDA backend does not run yet; "
+        "use --device cpu",
+        model.file().name(), model.config().n_expert);
   model_ = &model;
   n_ctx_ = n_ctx;
   layout_ = kv;
