@@ -120,6 +120,8 @@ ModelShape preset(std::string_view name, WeightFormat format) {
     m.n_params = static_cast<int64_t>(p.n_params);
     m.format = format;
     m.weight_bytes = weight_bytes(m.n_params, format);
+    m.active_params = m.n_params;
+    m.active_weight_bytes = m.weight_bytes;
     m.n_layer = p.n_layer;
     m.n_head_kv = p.n_head_kv;
     m.head_dim = p.head_dim;
@@ -169,12 +171,23 @@ ModelShape from_gguf(const GgufFile& f, std::optional<WeightFormat> format, bool
   m.name = f.name();
   m.from_file = true;
   m.format = format;
-  int64_t bytes = 0;
+  int64_t bytes = 0, inactive_params = 0, inactive_bytes = 0;
+  m.n_expert = c.n_expert;
+  m.n_expert_used = c.n_expert_used;
   for (const auto& t : f.tensors()) {
     m.n_params += t.n_elements;
     bytes += static_cast<int64_t>(t.n_bytes);
+    // ffn_{gate,up,down}_exps: a token reads n_used of its n_expert matrices.
+    const std::string_view name = t.name;
+    if (c.moe() && name.size() > 12 && name.substr(name.size() - 12) == "_exps.weight") {
+      const int64_t unused = c.n_expert - c.n_expert_used;
+      inactive_params += static_cast<int64_t>(t.n_elements) / c.n_expert * unused;
+      inactive_bytes += static_cast<int64_t>(t.n_bytes) / c.n_expert * unused;
+    }
   }
   m.weight_bytes = format ? weight_bytes(m.n_params, *format) : bytes;
+  m.active_params = m.n_params - inactive_params;
+  m.active_weight_bytes = format ? weight_bytes(m.active_params, *format) : bytes - inactive_bytes;
   m.n_layer = c.n_layer;
   m.n_head_kv = c.n_head_kv;
   m.head_dim = c.head_dim;

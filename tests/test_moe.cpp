@@ -12,6 +12,7 @@
 #include <set>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "backend_factory.h"
 #include "barata/backend.h"
@@ -211,7 +212,8 @@ INSTANTIATE_TEST_SUITE_P(Types, MoeExpertTypes, ::testing::ValuesIn(every_type()
 TEST(MoeEngine, ABatchGivesEachRowTheBitsItGetsAlone) {
   for (const char* name : {"tiny-qwen3moe", "tiny-mixtral"}) {
     SCOPED_TRACE(name);
-    const Model model = Model::load(test::data_dir() / "models" / "arch" / (std::string(name) + ".gguf"));
+    const Model model =
+        Model::load(test::data_dir() / "models" / "arch" / (std::string(name) + ".gguf"));
     const int64_t V = model.config().n_vocab;
     Engine engine(model, {.n_threads = 2, .n_ctx = 256});
     const std::vector<std::vector<int32_t>> prompts = {
@@ -239,6 +241,89 @@ TEST(MoeEngine, ABatchGivesEachRowTheBitsItGetsAlone) {
           << "sequence " << i;
     for (int s : seqs) engine.free_sequence(s);
   }
+}
+
+std::filesystem::path moe_model(const char* name) {
+  return test::data_dir() / "models" / "arch" / (std::string(name) + ".gguf");
+}
+
+// `barata quantize` writes every expert tensor in the target type (3-D, the
+// experts' rows quantized as one matrix each) and keeps the router in F32,
+// as llama.cpp's quantizer does; the result loads and follows the F16
+// model's greedy choices (teacher-forced, 8-bit) where they are clear.
+TEST(MoeCli, QuantizeWritesTheExpertsAndKeepsTheRouter) {
+  test::TempDir dir;
+  for (const char* type : {"q8_0", "int4-g128"}) {
+    SCOPED_TRACE(type);
+    const auto out = dir.path() / (std::string(type) + ".gguf");
+    const auto r = test::run_cli(fmt::format("quantize --type {} {} {}", type,
+                                             moe_model("tiny-qwen3moe").string(), out.string()));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const GgufFile f = GgufFile::open(out);
+    const GgufTensorInfo* router = f.find_tensor("blk.1.ffn_gate_inp.weight");
+    const GgufTensorInfo* down = f.find_tensor("blk.1.ffn_down_exps.weight");
+    ASSERT_TRUE(router && down);
+    EXPECT_EQ(router->type, DType::F32);
+    EXPECT_EQ(down->type, std::string(type) == "q8_0" ? DType::Q8_0 : DType::I4_G128);
+    EXPECT_EQ(down->shape, (std::vector<int64_t>{64, 128, 8}));
+  }
+  const Model f16 = Model::load(moe_model("tiny-qwen3moe"));
+  const Model q8 = Model::load(dir.path() / "q8_0.gguf");
+  const int64_t V = f16.config().n_vocab;
+  Engine a(f16, {.n_threads = 2, .n_ctx = 128}), b(q8, {.n_threads = 2, .n_ctx = 128});
+  std::vector<float> la(static_cast<size_t>(V)), lb(la.size());
+  const std::vector<int32_t> prompt = {1, 40, 400, 800, 12, 90};
+  const int sa = a.new_sequence(), sb = b.new_sequence();
+  a.prefill(sa, prompt, la.data());
+  b.prefill(sb, prompt, lb.data());
+  int agree = 0, clear = 0;
+  for (int i = 0; i < 16; ++i) {
+    std::vector<float> sorted = la;
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    const auto top = static_cast<int32_t>(std::max_element(la.begin(), la.end()) - la.begin());
+    if (sorted[0] - sorted[1] > 0.05f * std::fabs(sorted[0])) {
+      ++clear;
+      agree += top == static_cast<int32_t>(std::max_element(lb.begin(), lb.end()) - lb.begin());
+    }
+    const int ss[1] = {sa}, sq[1] = {sb};
+    const int32_t tt[1] = {top};
+    a.decode(ss, tt, la.data());
+    b.decode(sq, tt, lb.data());
+  }
+  EXPECT_GE(clear, 8);
+  EXPECT_EQ(agree, clear);
+}
+
+// plan counts every expert in memory and the active ones in a token's
+// reads; bench's JSON says the same of the matrices.
+TEST(MoeCli, PlanAndBenchCountActiveAndTotal) {
+  const std::string m = moe_model("tiny-qwen3moe").string();
+  const auto p = test::run_cli("plan -m " + m + " --mem 1G --json --gb-per-s 10");
+  ASSERT_EQ(p.status, 0) << p.err;
+  const auto j = nlohmann::json::parse(p.out)["model"];
+  const GgufFile f = GgufFile::open(m);
+  int64_t experts = 0;
+  for (const char* t : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"})
+    for (int l = 0; l < 2; ++l)
+      experts +=
+          static_cast<int64_t>(f.find_tensor(fmt::format("blk.{}.{}.weight", l, t))->n_bytes);
+  EXPECT_EQ(j["n_expert"], 8);
+  EXPECT_EQ(j["n_expert_used"], 2);
+  EXPECT_EQ(j["weight_bytes"].get<int64_t>() - j["active_weight_bytes"].get<int64_t>(),
+            experts / 8 * 6);
+  EXPECT_LT(j["active_params"].get<int64_t>(), j["params"].get<int64_t>());
+  const auto text = test::run_cli("plan -m " + m + " --mem 1G");
+  EXPECT_NE(text.out.find("mixture of experts: 2 of 8 experts per token"), std::string::npos)
+      << text.out;
+  const auto b = test::run_cli("bench -m " + m +
+                               " --tests decode -r 1 -c 8 --decode-steps 2 --ctx-size 64 --json");
+  ASSERT_EQ(b.status, 0) << b.err;
+  const auto bm = nlohmann::json::parse(b.out)["model"];
+  EXPECT_EQ(bm["n_expert"], 8);
+  EXPECT_EQ(bm["total_weight_bytes"].get<int64_t>() - bm["weight_bytes"].get<int64_t>(),
+            experts / 8 * 6);
+  EXPECT_EQ(bm["total_params"].get<int64_t>() - bm["active_params"].get<int64_t>(),
+            2 * 3 * 64 * 128 * 6);
 }
 
 }  // namespace

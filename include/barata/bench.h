@@ -121,7 +121,13 @@ struct ModelInfo {
   // K/V one sequence at n_ctx holds: n_ctx x kv_bytes_per_token in whole
   // blocks, less what sliding-window layers free behind their window.
   int64_t kv_bytes_at_ctx = 0;
-  int64_t matmul_params = 0;  // weights one token multiplies by (every layer's matrices + output)
+  // Weights one token multiplies by: every layer's matrices + output; of a
+  // mixture of experts, the router and expert_used_count experts per layer.
+  int64_t matmul_params = 0;
+  int64_t total_params = 0;        // every tensor's elements (the file)
+  int64_t active_params = 0;       // what one decode token reads of them (= total when dense)
+  int64_t total_weight_bytes = 0;  // every matrix (weight_bytes: the ones a token reads)
+  int64_t n_expert = 0, n_expert_used = 0, d_ff_exp = 0;  // 0: dense
 };
 
 struct Report {

@@ -35,10 +35,15 @@ int64_t weight_bytes(int64_t n_params, WeightFormat f);
 
 // What the plan needs of a model.
 struct ModelShape {
-  std::string name;                    // "7b" or the file's path
-  bool from_file = false;              // read from a GGUF file rather than a preset
-  int64_t n_params = 0;                // weights (a file: the tensors' element counts)
-  int64_t weight_bytes = 0;            // what the weights take in memory
+  std::string name;          // "7b" or the file's path
+  bool from_file = false;    // read from a GGUF file rather than a preset
+  int64_t n_params = 0;      // weights (a file: the tensors' element counts)
+  int64_t weight_bytes = 0;  // what the weights take in memory
+  // A mixture of experts (a file with expert_count > 0): memory holds every
+  // expert, a decode token reads n_expert_used of each layer's n_expert.
+  int64_t n_expert = 0, n_expert_used = 0;
+  int64_t active_params = 0;           // = n_params when dense
+  int64_t active_weight_bytes = 0;     // what one decode token reads (= weight_bytes when dense)
   std::optional<WeightFormat> format;  // unset: a file's own bytes, as stored
   int64_t n_layer = 0, n_head_kv = 0, head_dim = 0;
   // Sliding-window layers whose KV blocks behind the window are freed

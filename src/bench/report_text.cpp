@@ -239,6 +239,13 @@ std::string to_markdown(const Report& r) {
       "- model: `{}`: {}, {}, {} layers, d_model {}, {}/{} heads × {}, d_ff {}, vocab {}\n", m.path,
       m.arch, m.weight_type, m.n_layer, m.d_model, m.n_head, m.n_head_kv, m.head_dim, m.d_ff,
       m.n_vocab);
+  if (m.n_expert > 0)
+    o += fmt::format(
+        "- mixture of experts: {} of {} experts (width {}) per token: {} of {} parameters "
+        "active; a decode token reads {} of the {} of matrices held (decode's GB/s and the "
+        "roofline below count the active bytes)\n",
+        m.n_expert_used, m.n_expert, m.d_ff_exp, si(m.active_params, ""), si(m.total_params, ""),
+        si(m.weight_bytes, "B"), si(m.total_weight_bytes, "B"));
   o += fmt::format(
       "- context {} tokens; weights read per decode token {} ({} bytes); KV cache {} bytes per "
       "token ({})",

@@ -52,8 +52,22 @@ ModelInfo model_info(const Model& model, const std::string& path, int64_t n_ctx,
       KvLayout::uniform(c.n_layer, c.n_head_kv * c.head_dim, k, v).bytes_per_token();
   m.kv_cache = kv_cache_label(k, v);
   m.kv_bytes_at_ctx = kv_sequence_bytes(c, n_ctx, false, k, v);
+  m.total_weight_bytes = model.total_weight_bytes();
+  m.n_expert = c.n_expert;
+  m.n_expert_used = c.n_expert_used;
+  m.d_ff_exp = c.d_ff_exp;
+  // An expert's matrices count n_used / n_expert: every expert is the same size.
+  int64_t expert_params = 0;
+  for (const LayerWeights& L : model.layers())
+    for (const auto* v : {&L.gate_exps, &L.up_exps, &L.down_exps})
+      for (const WeightDesc& w : *v) expert_params += w.k * w.n_rows;
+  const int64_t inactive =
+      c.moe() ? expert_params - expert_params / c.n_expert * c.n_expert_used : 0;
   for (const WeightDesc* w : model.matrices())
     if (w->id != model.token_embd().id || c.tied_embeddings) m.matmul_params += w->k * w->n_rows;
+  m.matmul_params -= inactive;
+  for (const GgufTensorInfo& t : model.file().tensors()) m.total_params += t.n_elements;
+  m.active_params = m.total_params - inactive;
   return m;
 }
 

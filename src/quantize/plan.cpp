@@ -99,6 +99,14 @@ std::vector<TensorPlan> plan_quantization(const SourceModel& src, const QuantOpt
       p.why = "1-D: kept F32";
       pinned = true;
     }
+    // A mixture of experts' router: small, and its logits pick the experts;
+    // llama.cpp's quantizer leaves it unquantized too.
+    if (!pinned && t.name.size() > 19 &&
+        t.name.compare(t.name.size() - 19, 19, "ffn_gate_inp.weight") == 0) {
+      p.type = DType::F32;
+      p.why = "MoE router: kept F32";
+      pinned = true;
+    }
     if (!pinned && t.name == "token_embd.weight" && opt.embed_type) {
       p.type = *opt.embed_type;
       p.why = "--embed-type";

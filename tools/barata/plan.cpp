@@ -29,6 +29,7 @@ struct PlanArgs {
   bool json = false;
   bool swa_full = false;
   std::string cache_k = "f16", cache_v = "f16";
+  double gb_per_s = 0;  // --gb-per-s: the decode bound the weights' reads allow
 };
 
 // 7e9 -> "6.52 GiB", 2e7 -> "19.1 MiB".
@@ -54,7 +55,8 @@ double stored_bits(const plan::ModelShape& m) {
   return m.n_params > 0 ? 8.0 * static_cast<double>(m.weight_bytes) / m.n_params : 0.0;
 }
 
-json to_json(const plan::ModelShape& m, int64_t reserve, const std::vector<plan::MemoryPlan>& ps) {
+json to_json(const plan::ModelShape& m, int64_t reserve, const std::vector<plan::MemoryPlan>& ps,
+             double gb_per_s) {
   json j;
   j["model"] = {{"name", m.name},
                 {"source", m.from_file ? "file" : "preset"},
@@ -62,6 +64,10 @@ json to_json(const plan::ModelShape& m, int64_t reserve, const std::vector<plan:
                 {"weights", m.format ? plan::weight_format_name(*m.format) : "file"},
                 {"bits_per_weight", m.format ? plan::bits_per_weight(*m.format) : stored_bits(m)},
                 {"weight_bytes", m.weight_bytes},
+                {"active_params", m.active_params},
+                {"active_weight_bytes", m.active_weight_bytes},
+                {"n_expert", m.n_expert},
+                {"n_expert_used", m.n_expert_used},
                 {"n_layer", m.n_layer},
                 {"n_head_kv", m.n_head_kv},
                 {"head_dim", m.head_dim},
@@ -71,6 +77,10 @@ json to_json(const plan::ModelShape& m, int64_t reserve, const std::vector<plan:
                 {"sliding_window_layers", m.n_swa_layers},
                 {"sliding_window", m.n_swa}};
   j["reserve_bytes"] = reserve;
+  if (gb_per_s > 0)
+    j["decode_bound"] = {
+        {"gb_per_s", gb_per_s},
+        {"tokens_per_s", gb_per_s * 1e9 / static_cast<double>(m.active_weight_bytes)}};
   json mem = json::array();
   for (const auto& p : ps) {
     json users = json::array();
@@ -86,14 +96,24 @@ json to_json(const plan::ModelShape& m, int64_t reserve, const std::vector<plan:
   return j;
 }
 
-void print_text(const plan::ModelShape& m, int64_t reserve,
-                const std::vector<plan::MemoryPlan>& ps) {
+void print_text(const plan::ModelShape& m, int64_t reserve, const std::vector<plan::MemoryPlan>& ps,
+                double gb_per_s) {
   const std::string what =
       m.format ? fmt::format("{} ({} bits/weight)", plan::weight_format_name(*m.format),
                              plan::bits_per_weight(*m.format))
                : fmt::format("as stored ({:.2f} bits/weight)", stored_bits(m));
   fmt::print("model: {} {}, {} params, {}: weights {}\n", m.from_file ? "file" : "preset", m.name,
              group_thousands(m.n_params), what, human(m.weight_bytes));
+  if (m.n_expert > 0)
+    fmt::print(
+        "mixture of experts: {} of {} experts per token: memory holds all {} weights, a decode "
+        "token reads {} ({} params active)\n",
+        m.n_expert_used, m.n_expert, human(m.weight_bytes), human(m.active_weight_bytes),
+        group_thousands(m.active_params));
+  if (gb_per_s > 0)
+    fmt::print("decode at {} GB/s: at most {:.1f} tokens/s per step from the {} of weights read\n",
+               gb_per_s, gb_per_s * 1e9 / static_cast<double>(m.active_weight_bytes),
+               human(m.active_weight_bytes));
   if (m.k_type == KvType::kF16 && m.v_type == KvType::kF16) {
     fmt::print("KV cache: fp16, {} B/token (2 x {} layers x {} KV heads x {} x 2 B)\n",
                group_thousands(m.kv_bytes_per_token()), m.n_layer, m.n_head_kv, m.head_dim);
@@ -160,9 +180,11 @@ int run(const PlanArgs& a) {
   std::vector<plan::MemoryPlan> ps;
   for (int64_t b : mem) ps.push_back(plan::plan_memory(m, b, reserve));
   if (a.json) {
-    fmt::print("{}\n", to_json(m, reserve, ps).dump(2, ' ', false, json::error_handler_t::replace));
+    fmt::print(
+        "{}\n",
+        to_json(m, reserve, ps, a.gb_per_s).dump(2, ' ', false, json::error_handler_t::replace));
   } else {
-    print_text(m, reserve, ps);
+    print_text(m, reserve, ps, a.gb_per_s);
   }
   std::fflush(stdout);
   return 0;
@@ -187,6 +209,10 @@ Command add_plan(CLI::App& app) {
   sub->add_option("--reserve", a->reserve,
                   "GiB kept free for activations, the runtime and fragmentation (default: 1.5)");
   sub->add_flag("--json", a->json, "Print one JSON document instead of tables");
+  sub->add_option("--gb-per-s", a->gb_per_s,
+                  "Memory bandwidth in GB/s: print the decode rate the weights one token reads "
+                  "allow (a mixture of experts: its active experts only)")
+      ->check(CLI::Range(0.001, 1e6));
   sub->add_flag("--swa-full", a->swa_full,
                 "Count every position of the sliding-window layers (as barata run --swa-full)");
   add_cache_type_options(sub, a->cache_k, a->cache_v);
