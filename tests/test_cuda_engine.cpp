@@ -240,6 +240,24 @@ TEST(CudaEngine, ArchitectureRowsMatchCpu) {
   }
 }
 
+// Mixtures of experts (moe.h): the router's logits route on the host (the
+// CPU backend's choices from the device's logits), each active expert runs
+// as the backend's matmuls on its rows (gathered on the device), and one
+// launch sums each token's experts into the residual. The committed tiny
+// qwen3moe and Mixtral (F16), prefill and decode at widths 1 and 4. Every
+// weight type's experts are checked op by op (test_backend_ops.cpp,
+// BackendMoe): quantized, these tiny models amplify the backends' one
+// designed difference (the CUDA GEMV reads fp32 activations where the CPU
+// rounds them to 8 bits) by a few percent, with or without experts.
+TEST(CudaEngine, MixturesOfExpertsMatchCpu) {
+  for (const char* name : {"tiny-qwen3moe", "tiny-mixtral"}) {
+    SCOPED_TRACE(name);
+    run_model(test::data_dir() / "models" / "arch" / (std::string(name) + ".gguf"), 1e-2, 0, 40,
+              512);
+    if (IsSkipped()) return;
+  }
+}
+
 // A quantized KV cache (kv_types.h): the device's rope_kv writes the CPU's
 // bytes and its attention reads the CPU's values (test_emu_kernels and
 // test_emu_attention check both exactly) from the same k and v. The two

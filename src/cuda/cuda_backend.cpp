@@ -24,6 +24,7 @@
 #include "barata/error.h"
 #include "barata/half.h"
 #include "barata/kv_calibrate.h"
+#include "barata/moe.h"
 #include "dequant.cuh"
 #ifndef BARATA_CUDA_EMU
 #include "device.cuh"
@@ -31,6 +32,7 @@
 #include "elementwise.cuh"
 #include "embed.cuh"
 #include "gemv.cuh"
+#include "moe.cuh"
 #include "qmm.cuh"
 #include "rmsnorm.cuh"
 #include "rope_kv.cuh"
@@ -294,6 +296,8 @@ class CudaBackend final : public Backend {
     run_matmul(weights_[static_cast<size_t>(w.id)], x, rows_, acc, {.accumulate = true}, x_from());
   }
 
+  void moe(const LayerWeights& L, const float* xn, float* acc) override;
+
   void head_norm(float* x, const std::vector<float>& w, int64_t n_heads) override {
     launch_rmsnorm(x, vec(w), x, rows_ * n_heads, static_cast<int64_t>(w.size()),
                    model_->config().norm_eps, nullptr, stream_, Q8Out{});
@@ -534,6 +538,13 @@ class CudaBackend final : public Backend {
     graphs_.clear();
   }
 
+  // moe(): the router's logits (device and host), the routing, the grouped
+  // inputs, the experts' gate / up / output rows, and the index lists.
+  Grow moe_logits_, moe_xg_, moe_gate_, moe_up_, moe_y_, moe_lists_;
+  std::vector<float> moe_host_logits_;
+  std::vector<int32_t> moe_host_lists_;
+  ExpertGroups moe_groups_;
+
   int device_ = 0;
   cudaDeviceProp prop_{};
   cudaStream_t stream_ = nullptr;
@@ -598,12 +609,10 @@ class CudaBackend final : public Backend {
 };
 
 void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_blocks, int64_t n_ctx) {
-  if (model.config().moe())
-    fail(
-        "cuda: {} is a mixture of experts ({} experts), which the CUDA backend does not run yet; "
-        "use --device cpu",
-        model.file().name(), model.config().n_expert);
   model_ = &model;
+  // A mixture of experts routes on the host between its matmuls: no graph
+  // can hold such a step.
+  if (model.config().moe()) graphs_on_ = false;
   n_ctx_ = n_ctx;
   layout_ = kv;
   n_blocks_ = n_blocks;
@@ -810,6 +819,63 @@ void CudaBackend::ensure_rows(int64_t n) {
   logits_.ensure(arena_, std::min<int64_t>(rows, 64) * c.n_vocab * 4, "logits");
   acts_rows_ = rows;
   drop_graphs();
+}
+
+// The router's logits come to the host and are routed there (moe.h: the
+// same choices as the CPU backend's from the same logits); the rows are
+// gathered in expert order on the device, each active expert's gate, up and
+// down run as the backend's matmuls on its rows, and one launch sums each
+// token's experts into the residual.
+void CudaBackend::moe(const LayerWeights& L, const float* xn, float* acc) {
+  const ModelConfig& c = model_->config();
+  const int64_t T = rows_, d = c.d_model, f = c.d_ff_exp, K = c.n_expert_used, P = T * K;
+  moe_logits_.ensure(arena_, T * c.n_expert * 4, "MoE router logits");
+  moe_xg_.ensure(arena_, P * d * 4, "MoE grouped inputs");
+  moe_gate_.ensure(arena_, P * f * 4, "MoE gate rows");
+  moe_up_.ensure(arena_, P * f * 4, "MoE up rows");
+  moe_y_.ensure(arena_, P * d * 4, "MoE expert outputs");
+  moe_lists_.ensure(arena_, P * 3 * 4, "MoE index lists");
+  run_matmul(weights_[static_cast<size_t>(L.router.id)], xn, T, moe_logits_.as<float>(), {},
+             x_from());
+  moe_host_logits_.resize(static_cast<size_t>(T * c.n_expert));
+  BARATA_CUDA_CHECK(cudaMemcpyAsync(moe_host_logits_.data(), moe_logits_.p,
+                                    moe_host_logits_.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  ExpertGroups& g = moe_groups_;
+  g.route(c, moe_host_logits_.data(), T);
+  // token (P), slot_at (P), weights (P as float bits): one upload.
+  moe_host_lists_.resize(static_cast<size_t>(3 * P));
+  std::copy(g.token.begin(), g.token.end(), moe_host_lists_.begin());
+  std::copy(g.slot_at.begin(), g.slot_at.end(), moe_host_lists_.begin() + P);
+  std::memcpy(moe_host_lists_.data() + 2 * P, g.weights.data(), static_cast<size_t>(P) * 4);
+  BARATA_CUDA_CHECK(cudaMemcpyAsync(moe_lists_.p, moe_host_lists_.data(),
+                                    moe_host_lists_.size() * 4, cudaMemcpyHostToDevice, stream_));
+  const int32_t* d_token = moe_lists_.as<int32_t>();
+  const int32_t* d_slot = d_token + P;
+  const float* d_w = reinterpret_cast<const float*>(d_token + 2 * P);
+  launch_moe_gather(xn, d, d_token, P, moe_xg_.as<float>(), stream_);
+  float* xg = moe_xg_.as<float>();
+  float* gate = moe_gate_.as<float>();
+  float* up = moe_up_.as<float>();
+  float* y = moe_y_.as<float>();
+  for (const int32_t e : g.active) {
+    const int64_t r0 = g.start[static_cast<size_t>(e)],
+                  n = g.start[static_cast<size_t>(e) + 1] - r0;
+    const auto ex = static_cast<size_t>(e);
+    run_matmul(weights_[static_cast<size_t>(L.gate_exps[ex].id)], xg + r0 * d, n, gate + r0 * f, {},
+               -1);
+    run_matmul(weights_[static_cast<size_t>(L.up_exps[ex].id)], xg + r0 * d, n, up + r0 * f, {},
+               -1);
+  }
+  launch_swiglu(gate, up, P * f, stream_);
+  for (const int32_t e : g.active) {
+    const int64_t r0 = g.start[static_cast<size_t>(e)],
+                  n = g.start[static_cast<size_t>(e) + 1] - r0;
+    run_matmul(weights_[static_cast<size_t>(L.down_exps[static_cast<size_t>(e)].id)], gate + r0 * f,
+               n, y + r0 * d, {}, -1);
+  }
+  launch_moe_combine(acc, y, d_slot, d_w, T, K, d, stream_);
+  after("moe");
 }
 
 void CudaBackend::begin(const Batch& b) {
