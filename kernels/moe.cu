@@ -11,7 +11,8 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 8192;
 
 int grid_for(int64_t n) {
-  return static_cast<int>(std::max<int64_t>(1, std::min(kMaxBlocks, (n + kThreads - 1) / kThreads)));
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min(kMaxBlocks, (n + kThreads - 1) / kThreads)));
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -35,7 +36,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t t = i / d, c = i % d;
     float s = __fmul_rn(y[static_cast<int64_t>(slot_at[t * k]) * d + c], w[t * k]);
     for (int64_t j = 1; j < k; ++j)
-      s = __fadd_rn(s, __fmul_rn(y[static_cast<int64_t>(slot_at[t * k + j]) * d + c], w[t * k + j]));
+      s = __fadd_rn(s,
+                    __fmul_rn(y[static_cast<int64_t>(slot_at[t * k + j]) * d + c], w[t * k + j]));
     acc[i] = __fadd_rn(acc[i], s);
   }
 }

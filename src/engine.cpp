@@ -9,7 +9,10 @@
 namespace barata {
 
 Engine::Engine(const Model& model, EngineOptions opts)
-    : Engine(model, opts, make_backend({.device = opts.device, .n_threads = opts.n_threads})) {}
+    : Engine(model, opts,
+             make_backend({.device = opts.device,
+                           .n_threads = opts.n_threads,
+                           .experts_on_cpu = opts.experts_on_cpu})) {}
 
 Engine::Engine(const Model& model, EngineOptions opts, std::unique_ptr<Backend> backend)
     : model_(model),

@@ -29,7 +29,8 @@ Session::Session(const SessionOptions& o)
                      .device = o.device,
                      .swa_full = o.swa_full,
                      .cache_k = o.cache_k,
-                     .cache_v = o.cache_v}),
+                     .cache_v = o.cache_v,
+                     .experts_on_cpu = o.experts_on_cpu}),
       load_ms(ms_since(t_start)) {
   spdlog::info("{}", kv_pool_line(engine));
 }

@@ -258,6 +258,44 @@ TEST(CudaEngine, MixturesOfExpertsMatchCpu) {
   }
 }
 
+// --experts-on cpu: the expert tensors stay in host memory and run on the
+// CPU's kernels (HostExperts) inside the CUDA backend's forward, everything
+// else on the device; the rows cross once each way per MoE layer. The
+// device holds every matrix but the experts, and the logits follow the CPU
+// engine's as the all-device run does.
+TEST(CudaEngine, ExpertsOnTheCpuMatchTheCpuEngine) {
+  const Model model = Model::load(test::data_dir() / "models" / "arch" / "tiny-qwen3moe.gguf");
+  Engine cpu(model, {.n_threads = 2, .n_ctx = 512});
+  std::unique_ptr<Engine> gpu;
+  try {
+    gpu = std::make_unique<Engine>(
+        model,
+        EngineOptions{
+            .n_threads = 2, .n_ctx = 512, .device = DeviceKind::kCuda, .experts_on_cpu = true},
+        test::make_test_backend(
+            {.device = DeviceKind::kCuda, .n_threads = 2, .experts_on_cpu = true}));
+  } catch (const Error& e) {
+    if (require_gpu()) FAIL() << "BARATA_REQUIRE_GPU=1 and " << e.what();
+    GTEST_SKIP() << "CUDA backend unavailable: " << e.what();
+  }
+  const DeviceReport r = gpu->backend().report();
+  int64_t experts = 0;
+  for (const LayerWeights& L : model.layers())
+    for (const auto* v : {&L.gate_exps, &L.up_exps, &L.down_exps})
+      for (const WeightDesc& w : *v) experts += w.bytes();
+  EXPECT_EQ(r.weight_bytes, model.total_weight_bytes() - experts);
+  bool noted = false;
+  for (const std::string& n : r.notes) noted |= n.find("experts on the cpu") != std::string::npos;
+  EXPECT_TRUE(noted);
+  std::vector<int32_t> prompt{1};
+  for (int i = 1; i < 40; ++i) prompt.push_back((i * 37 + 11) % 497 + 3);
+  const int steps = !test::emulated_backend() ? 24 : 6;
+  for (int width : {1, 4}) {
+    SCOPED_TRACE("batch width " + std::to_string(width));
+    EXPECT_LE(compare(cpu, *gpu, prompt, steps, width).worst, 1e-2);
+  }
+}
+
 // A quantized KV cache (kv_types.h): the device's rope_kv writes the CPU's
 // bytes and its attention reads the CPU's values (test_emu_kernels and
 // test_emu_attention check both exactly) from the same k and v. The two

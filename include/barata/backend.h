@@ -39,6 +39,11 @@ struct BackendOptions {
   // kernels do) for every weight type whose arithmetic allows it: 1 yes, 0 no
   // (fp32 activations), -1 BARATA_CUDA_Q8_ACT (default yes).
   int cuda_q8_activations = -1;
+  // A mixture of experts' expert tensors stay in host memory and run on the
+  // CPU (n_threads threads) while the rest runs on the device: the
+  // activations cross once each way per MoE layer (--experts-on cpu). CUDA
+  // only; the CPU backend runs everything on the CPU anyway.
+  bool experts_on_cpu = false;
 };
 
 // The kernel one matmul ran for a weight type at a batch width (rows).

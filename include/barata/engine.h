@@ -37,6 +37,7 @@ struct EngineOptions {
   bool swa_full = false;
   // The cache's element types (kv_types.h; llama.cpp's -ctk / -ctv).
   KvType cache_k = KvType::kF16, cache_v = KvType::kF16;
+  bool experts_on_cpu = false;  // BackendOptions::experts_on_cpu
 };
 
 class Engine {

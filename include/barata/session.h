@@ -36,6 +36,7 @@ struct SessionOptions {
   int64_t kv_contexts = 1;  // without kv_tokens: the pool holds this many full contexts
   bool swa_full = false;    // sliding-window layers keep every block
   KvType cache_k = KvType::kF16, cache_v = KvType::kF16;
+  bool experts_on_cpu = false;  // --experts-on cpu (BackendOptions::experts_on_cpu)
 };
 
 // The model, its tokenizer and an engine over it; not movable (the engine

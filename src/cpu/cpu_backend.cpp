@@ -12,6 +12,7 @@
 #include "barata/half.h"
 #include "barata/kv_calibrate.h"
 #include "barata/moe.h"
+#include "cpu/cpu_experts.h"
 #include "cpu/dot.h"
 #include "cpu/isa.h"
 #include "cpu/matmul.h"
@@ -312,94 +313,27 @@ class CpuBackend final : public Backend {
     int32_t t0, t1, kvh, table;
   };
   std::vector<AttnItem> attn_items_;  // one attention call's work, kept between calls
-  // moe(): the router's logits, the routing, the inputs grouped by expert
-  // (one copy per activation format), the experts' gate, up and output rows
-  // in grouped order, and the down projection's converted input.
-  std::vector<float> moe_logits_, moe_gate_, moe_up_, moe_y_;
+  // moe(): the router's logits, the routing and the experts' scratch.
+  std::vector<float> moe_logits_;
   ExpertGroups moe_groups_;
-  PreparedActs moe_in_[2], moe_down_in_;
+  ExpertScratch moe_scratch_;
 };
 
-// A view of rows [r0, r0 + n) of prepared activations (no copy).
-PreparedActs act_rows(const PreparedActs& a, int64_t r0, int64_t n) {
-  PreparedActs v;
-  v.format = a.format;
-  v.k = a.k;
-  v.n_tokens = n;
-  v.stride = a.stride;
-  v.data = a.data + static_cast<size_t>(r0) * a.stride;
-  return v;
-}
-
-// out's row g = in's row token[g], for the n grouped rows.
-void gather_act_rows(const PreparedActs& in, const int32_t* token, int64_t n, PreparedActs& out) {
-  out.format = in.format;
-  out.k = in.k;
-  out.n_tokens = n;
-  out.stride = in.stride;
-  out.bytes.resize(in.stride * static_cast<size_t>(n));
-  for (int64_t g = 0; g < n; ++g)
-    std::memcpy(out.bytes.data() + static_cast<size_t>(g) * in.stride,
-                in.data + static_cast<size_t>(token[g]) * in.stride, in.stride);
-  out.data = out.bytes.data();
-}
-
-// The rows that chose each expert are multiplied by its weights together
-// (each expert read once per step), its gate and up from one grouped copy
-// of the input; the outputs are summed per token in the order chosen, as
-// llama.cpp sums them, and added to the residual.
+// The router's logits, the routing (moe.h), then the experts
+// (cpu_experts.h) on the input rows converted once per format.
 void CpuBackend::moe(const LayerWeights& L, const float* xn, float* acc) {
   const ModelConfig& c = model_->config();
-  const int64_t T = batch_->size(), d = c.d_model, f = c.d_ff_exp, K = c.n_expert_used;
-  const int64_t P = T * K;
+  const int64_t T = batch_->size();
   moe_logits_.resize(static_cast<size_t>(T * c.n_expert));
   const WeightView& router = views_[static_cast<size_t>(L.router.id)];
   barata::matmul(*pool_, router, acts_for(router, xn), moe_logits_.data(), c.n_expert);
-  ExpertGroups& g = moe_groups_;
-  g.route(c, moe_logits_.data(), T);
-
+  moe_groups_.route(c, moe_logits_.data(), T);
   const WeightView& gate0 = views_[static_cast<size_t>(L.gate_exps[0].id)];
   const WeightView& up0 = views_[static_cast<size_t>(L.up_exps[0].id)];
-  const WeightView& down0 = views_[static_cast<size_t>(L.down_exps[0].id)];
-  gather_act_rows(acts_for(gate0, xn), g.token.data(), P, moe_in_[0]);
-  const bool same = up0.kernel->act == gate0.kernel->act;
-  if (!same) gather_act_rows(acts_for(up0, xn), g.token.data(), P, moe_in_[1]);
-  const PreparedActs& in_up = same ? moe_in_[0] : moe_in_[1];
-  moe_gate_.resize(static_cast<size_t>(P * f));
-  moe_up_.resize(static_cast<size_t>(P * f));
-  moe_y_.resize(static_cast<size_t>(P * d));
-  for (const int32_t e : g.active) {
-    const int64_t r0 = g.start[static_cast<size_t>(e)],
-                  n = g.start[static_cast<size_t>(e) + 1] - r0;
-    barata::matmul(*pool_, views_[static_cast<size_t>(L.gate_exps[static_cast<size_t>(e)].id)],
-                   act_rows(moe_in_[0], r0, n), moe_gate_.data() + r0 * f, f);
-    barata::matmul(*pool_, views_[static_cast<size_t>(L.up_exps[static_cast<size_t>(e)].id)],
-                   act_rows(in_up, r0, n), moe_up_.data() + r0 * f, f);
-  }
-  elements(P * f, [&](int64_t i0, int64_t i1) {
-    vec_.swiglu(moe_gate_.data() + i0, moe_up_.data() + i0, i1 - i0);
-  });
-  prepare_acts(*pool_, down0.kernel->act, moe_gate_.data(), P, f, moe_down_in_);
-  for (const int32_t e : g.active) {
-    const int64_t r0 = g.start[static_cast<size_t>(e)],
-                  n = g.start[static_cast<size_t>(e) + 1] - r0;
-    barata::matmul(*pool_, views_[static_cast<size_t>(L.down_exps[static_cast<size_t>(e)].id)],
-                   act_rows(moe_down_in_, r0, n), moe_y_.data() + r0 * d, d);
-  }
-  rows(T, d * K, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      float* out = acc + t * d;
-      const float* y0 = moe_y_.data() + static_cast<int64_t>(g.slot_at[t * K]) * d;
-      const float w0 = g.weights[static_cast<size_t>(t * K)];
-      for (int64_t i = 0; i < d; ++i) {
-        float s = y0[i] * w0;
-        for (int64_t j = 1; j < K; ++j)
-          s += moe_y_[static_cast<size_t>(g.slot_at[t * K + j]) * d + i] *
-               g.weights[static_cast<size_t>(t * K + j)];
-        out[i] += s;
-      }
-    }
-  });
+  const PreparedActs& x_gate = acts_for(gate0, xn);
+  const PreparedActs& x_up = acts_for(up0, xn);  // the same object when the formats agree
+  cpu_run_experts(*pool_, vec_, views_, L, moe_groups_, x_gate, x_up, acc, c.d_model, c.d_ff_exp,
+                  moe_scratch_);
 }
 
 void CpuBackend::ensure_scratch(int64_t n) {

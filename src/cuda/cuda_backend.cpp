@@ -25,6 +25,7 @@
 #include "barata/half.h"
 #include "barata/kv_calibrate.h"
 #include "barata/moe.h"
+#include "cpu/cpu_experts.h"
 #include "dequant.cuh"
 #ifndef BARATA_CUDA_EMU
 #include "device.cuh"
@@ -248,6 +249,8 @@ class CudaBackend final : public Backend {
     qmm_max_ = opts.cuda_skinny_max >= 0 ? opts.cuda_skinny_max : qmm_max_from_env();
     q8_act_ = opts.cuda_q8_activations >= 0 ? opts.cuda_q8_activations != 0
                                             : env_on("BARATA_CUDA_Q8_ACT", true);
+    experts_on_cpu_ = opts.experts_on_cpu;
+    host_threads_ = opts.n_threads;
   }
 
   ~CudaBackend() override {
@@ -541,7 +544,10 @@ class CudaBackend final : public Backend {
   // moe(): the router's logits (device and host), the routing, the grouped
   // inputs, the experts' gate / up / output rows, and the index lists.
   Grow moe_logits_, moe_xg_, moe_gate_, moe_up_, moe_y_, moe_lists_;
-  std::vector<float> moe_host_logits_;
+  std::vector<float> moe_host_logits_, moe_host_x_, moe_host_y_;
+  bool experts_on_cpu_ = false;
+  int host_threads_ = 0;
+  std::unique_ptr<HostExperts> host_experts_;  // --experts-on cpu
   std::vector<int32_t> moe_host_lists_;
   ExpertGroups moe_groups_;
 
@@ -627,8 +633,15 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
     const bool matmul = qmm_supported(w.type) || dequant_f16_supported(w.type);
     return matmul && (!is_embd || embed_supported(w.type));
   };
+  // --experts-on cpu: the experts stay in the file's mapping for the host.
+  std::vector<uint8_t> on_host(static_cast<size_t>(model.n_matrices()), 0);
+  if (experts_on_cpu_ && c.moe())
+    for (const LayerWeights& L : model.layers())
+      for (const auto* v : {&L.gate_exps, &L.up_exps, &L.down_exps})
+        for (const WeightDesc& w : *v) on_host[static_cast<size_t>(w.id)] = 1;
   int64_t weights = 0, converted = 0;
   for (const WeightDesc* w : model.matrices()) {
+    if (on_host[static_cast<size_t>(w->id)]) continue;
     if (native(*w)) {
       weights += w->bytes();
     } else {
@@ -668,6 +681,7 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
     DevWeight& d = weights_[static_cast<size_t>(w->id)];
     d.k = w->k;
     d.n_rows = w->n_rows;
+    if (on_host[static_cast<size_t>(w->id)]) continue;
     if (native(*w)) {
       d.type = w->type;
       d.row_bytes = w->row_bytes;
@@ -701,6 +715,16 @@ void CudaBackend::prepare(const Model& model, const KvLayout& kv, int64_t n_bloc
       d.data = p;
     }
     weight_bytes_ += static_cast<int64_t>(d.row_bytes) * d.n_rows;
+  }
+  host_experts_.reset();
+  if (experts_on_cpu_ && c.moe()) {
+    host_experts_ = make_host_experts(model, host_threads_);
+    int64_t host = 0;
+    for (size_t i = 0; i < on_host.size(); ++i)
+      if (on_host[i]) host += model.matrices()[i]->bytes();
+    notes_.push_back("experts on the cpu: " + mib(host) + " of expert matrices in host memory (" +
+                     mib(host_experts_->repacked_bytes()) +
+                     " repacked), run by the CPU; the activations cross once each way per layer");
   }
   if (converted > 0)
     notes_.push_back(std::to_string(converted) +
@@ -840,9 +864,23 @@ void CudaBackend::moe(const LayerWeights& L, const float* xn, float* acc) {
   moe_host_logits_.resize(static_cast<size_t>(T * c.n_expert));
   BARATA_CUDA_CHECK(cudaMemcpyAsync(moe_host_logits_.data(), moe_logits_.p,
                                     moe_host_logits_.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  if (host_experts_) {  // the input rows cross with the logits, the output once back
+    moe_host_x_.resize(static_cast<size_t>(T * d));
+    BARATA_CUDA_CHECK(cudaMemcpyAsync(moe_host_x_.data(), xn, moe_host_x_.size() * 4,
+                                      cudaMemcpyDeviceToHost, stream_));
+  }
   BARATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   ExpertGroups& g = moe_groups_;
   g.route(c, moe_host_logits_.data(), T);
+  if (host_experts_) {
+    moe_host_y_.assign(static_cast<size_t>(T * d), 0.0f);
+    host_experts_->run(L, g, moe_host_x_.data(), moe_host_y_.data());
+    BARATA_CUDA_CHECK(cudaMemcpyAsync(moe_y_.p, moe_host_y_.data(), moe_host_y_.size() * 4,
+                                      cudaMemcpyHostToDevice, stream_));
+    launch_add(acc, moe_y_.as<float>(), T * d, stream_);
+    after("moe (experts on the cpu)");
+    return;
+  }
   // token (P), slot_at (P), weights (P as float bits): one upload.
   moe_host_lists_.resize(static_cast<size_t>(3 * P));
   std::copy(g.token.begin(), g.token.end(), moe_host_lists_.begin());

@@ -41,6 +41,7 @@ struct BenchArgs {
   int64_t n_ctx = 0;
   int64_t bandwidth_mib = 1024;
   std::string device = "cpu";
+  std::string experts_on = "device";
   std::string cache_k = "f16", cache_v = "f16";
   bool json = false, csv = false, md = false, verbose = false;
   Settings s;
@@ -246,7 +247,8 @@ int run(BenchArgs& a) {
                             .cache_tokens = cache_tokens,
                             .device = parse_device(a.device).value_or(DeviceKind::kCpu),
                             .cache_k = cache_type(a.cache_k),
-                            .cache_v = cache_type(a.cache_v)});
+                            .cache_v = cache_type(a.cache_v),
+                            .experts_on_cpu = a.experts_on == "cpu"});
       if (rep.runs.empty()) fmt::print(stderr, "{}\n", kv_pool_line(engine));
       progress.set_threads(engine.n_threads());
       rep.threads.push_back(engine.n_threads());
@@ -311,6 +313,10 @@ Command add_bench(CLI::App& app) {
                   "GGUF file (default: the model scripts/fetch-model.sh fetches)")
       ->check(CLI::ExistingFile);
   add_cache_type_options(sub, a->cache_k, a->cache_v);
+  sub->add_option("--experts-on", a->experts_on,
+                  "Where a mixture of experts' expert tensors live and run: device or cpu "
+                  "(with --device cuda; docs/moe.md)")
+      ->check(CLI::IsMember({"cpu", "device"}));
   sub->add_option("--device", a->device, "Backend: cpu or cuda (default: cpu)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("-t,--threads", a->threads, "Thread counts, e.g. 1,2 (everything runs per count)")

@@ -74,6 +74,10 @@ void add_model_options(CLI::App* sub, ModelOptions& o) {
       ->check(CLI::Range(1, 1024));
   sub->add_option("--device", o.device, "Backend: cpu or cuda (default: cpu)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_option("--experts-on", o.experts_on,
+                  "Where a mixture of experts' expert tensors live and run: device (default) or "
+                  "cpu (host memory and CPU threads, the rest on --device cuda; docs/moe.md)")
+      ->check(CLI::IsMember({"cpu", "device"}));
   sub->add_option(
          "--kv-tokens", o.kv_tokens,
          "Tokens of KV cache allocated once, over all sequences (default: the context size)")
@@ -137,7 +141,8 @@ SessionOptions session_options(const ModelOptions& o) {
           .kv_contexts = o.kv_contexts,
           .swa_full = o.swa_full,
           .cache_k = cache_type(o.cache_k),
-          .cache_v = cache_type(o.cache_v)};
+          .cache_v = cache_type(o.cache_v),
+          .experts_on_cpu = o.experts_on == "cpu"};
 }
 
 std::optional<ChatFamily> file_chat_family(const Session& s) {

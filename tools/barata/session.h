@@ -39,6 +39,7 @@ struct ModelOptions {
   int64_t kv_contexts = 1;  // without --kv-tokens: the pool holds this many full contexts
   bool swa_full = false;    // --swa-full: sliding-window layers keep every block
   std::string cache_k = "f16", cache_v = "f16";  // -ctk / -ctv (kv_types.h)
+  std::string experts_on = "device";             // --experts-on cpu|device
 };
 void add_model_options(CLI::App* sub, ModelOptions& o);
 // -ctk,--cache-type-k and -ctv,--cache-type-v, checked against the type names.
