@@ -126,6 +126,25 @@ TEST(Synth, KQuantFriendlyHalfBillionShape) {
   for (int64_t k : {c.d_model, c.n_head * c.head_dim, c.d_ff}) EXPECT_EQ(k % 256, 0) << k;
 }
 
+// The mixtures of experts: the committed tiny ones are this tool's output
+// (tests/data/README.md says how they were made), and the benchmark shapes
+// are listed.
+TEST(Synth, MixtureOfExpertsPresets) {
+  TempDir dir;
+  for (const char* name : {"tiny-qwen3moe", "tiny-mixtral"}) {
+    const auto made = read_bytes(make(dir, std::string(name) + ".gguf",
+                                      std::string("--preset ") + name + " --type F16 --std 0.2"));
+    EXPECT_EQ(made,
+              read_bytes(test::data_dir() / "models" / "arch" / (std::string(name) + ".gguf")))
+        << name;
+  }
+  // The benchmark shapes (17 GB and 3.9 GB in Q4_0: too big to write in a test).
+  const CliResult list = run_synth("--list");
+  for (const char* name :
+       {"qwen3-30b-a3b ", "olmoe-like ", "qwen3-30b-a3b-dense", "olmoe-like-dense"})
+    EXPECT_NE(list.out.find(name), std::string::npos) << list.out;
+}
+
 TEST(Synth, OtherPresetsAndLayerOverride) {
   TempDir dir;
   const Model a = Model::load(make(dir, "a.gguf", "--preset tiny-llama --type F32 --layers 3"));

@@ -82,7 +82,8 @@ void cpu_run_experts(ThreadPool& pool, const CpuVectorOps& vec,
   split(pool, T, std::max<int64_t>(1, (int64_t{1} << 15) / (d * K)), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       float* out = acc + t * d;
-      const float* y0 = s.y.data() + static_cast<int64_t>(g.slot_at[static_cast<size_t>(t * K)]) * d;
+      const float* y0 =
+          s.y.data() + static_cast<int64_t>(g.slot_at[static_cast<size_t>(t * K)]) * d;
       const float w0 = g.weights[static_cast<size_t>(t * K)];
       for (int64_t i = 0; i < d; ++i) {
         float sum = y0[i] * w0;
@@ -111,8 +112,8 @@ class HostExpertsImpl final : public HostExperts {
       for (const auto* v : {&L.gate_exps, &L.up_exps, &L.down_exps})
         for (const WeightDesc& w : *v) {
           const auto id = static_cast<size_t>(w.id);
-          views_[id] = WeightView{w.type,       w.k, w.n_rows, w.data,
-                                  w.row_bytes,  &cpu_matmul_kernel(w.type, w.k, isa, repack),
+          views_[id] = WeightView{w.type, w.k,         w.n_rows,
+                                  w.data, w.row_bytes, &cpu_matmul_kernel(w.type, w.k, isa, repack),
                                   w.scale};
           if (wants_repack(views_[id]))
             copies.emplace_back(id, arena_.reserve(barata::repacked_bytes(views_[id])));
