@@ -198,14 +198,27 @@ __device__ __forceinline__ uint4 load_chunk(uintptr_t a, uintptr_t lo, uintptr_t
 }
 
 // ---- the kernel ---------------------------------------------------------------------
+// groups non-null: blockIdx.y picks a group (a matrix of the same type and
+// shape at its own address, its rows of x and y, at most T of them); w_end
+// is then the offset of the end of a matrix's bytes from its start.
 template <class F, int T>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     gemv_kernel(const unsigned char* __restrict__ w, size_t row_bytes, uintptr_t w_end, int k,
                 int n_rows, float scale, const float* __restrict__ x, int x_vec,
-                float* __restrict__ y, int64_t ldy, Epilogue ep) {
+                float* __restrict__ y, int64_t ldy, Epilogue ep,
+                const GemvGroup* __restrict__ groups) {
   constexpr int kSegElems = seg_elems<F>();
   constexpr int kN = kRows * T;
   BARATA_DYNAMIC_SMEM(uint4, smem);
+  int n_tok = T;
+  if (groups != nullptr) {
+    const GemvGroup g = groups[blockIdx.y];
+    w = static_cast<const unsigned char*>(g.w);
+    w_end += reinterpret_cast<uintptr_t>(w);
+    x += static_cast<int64_t>(g.x_row) * k;
+    y += static_cast<int64_t>(g.y_row) * ldy;
+    n_tok = g.n_tok;
+  }
 
   const unsigned lane = threadIdx.x & 31u;
   const int warp = static_cast<int>(threadIdx.x >> 5);
@@ -266,7 +279,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
       if (x_vec) {
 #pragma unroll
         for (int t = 0; t < T; ++t) {
-          const float4 v = __ldg(reinterpret_cast<const float4*>(x + t * k + e));
+          const float4 v = t < n_tok ? __ldg(reinterpret_cast<const float4*>(x + t * k + e))
+                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
           xv[t][0] = v.x;
           xv[t][1] = v.y;
           xv[t][2] = v.z;
@@ -276,7 +290,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 #pragma unroll
         for (int t = 0; t < T; ++t) {
 #pragma unroll
-          for (int j = 0; j < 4; ++j) xv[t][j] = j < n_valid ? __ldg(x + t * k + e + j) : 0.0f;
+          for (int j = 0; j < 4; ++j)
+            xv[t][j] = j < n_valid && t < n_tok ? __ldg(x + t * k + e + j) : 0.0f;
         }
       }
 
@@ -315,7 +330,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 #pragma unroll
       for (int i = 0; i < kFinal; ++i) {
         const int idx = base + i, r = idx / T, t = idx % T;
-        if (r < n_here) store_out(y, t * ldy + row0 + r, row0 + r, scale * acc[i], ep);
+        if (r < n_here && t < n_tok) store_out(y, t * ldy + row0 + r, row0 + r, scale * acc[i], ep);
       }
     }
     return;
@@ -328,7 +343,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   __syncthreads();
   if (static_cast<int>(threadIdx.x) < kN) {
     const int idx = static_cast<int>(threadIdx.x), r = idx / T, t = idx % T;
-    if (r < n_here) {
+    if (r < n_here && t < n_tok) {
       float s = red[idx * n_warps];
       for (int i = 1; i < n_warps; ++i) s += red[idx * n_warps + i];
       store_out(y, t * ldy + row0 + r, row0 + r, scale * s, ep);
@@ -347,6 +362,8 @@ struct Args {
   float* y;
   int64_t ldy;
   Epilogue ep;
+  const GemvGroup* groups = nullptr;
+  int n_groups = 1;
 };
 
 template <class F, int T>
@@ -356,8 +373,9 @@ void launch_t(const Args& a, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(n_warps) * kRows * kBufChunks * 16 +
                       static_cast<size_t>(kRows) * T * n_warps * sizeof(float);
   const unsigned grid = ceil_div(a.n_rows, kRows);
-  BARATA_LAUNCH((gemv_kernel<F, T>), dim3(grid), dim3(32 * n_warps), smem, stream, a.w, a.row_bytes,
-                a.w_end, a.k, a.n_rows, a.scale, a.x, a.x_vec, a.y, a.ldy, a.ep);
+  BARATA_LAUNCH((gemv_kernel<F, T>), dim3(grid, static_cast<unsigned>(a.n_groups)),
+                dim3(32 * n_warps), smem, stream, a.w, a.row_bytes, a.w_end, a.k, a.n_rows, a.scale,
+                a.x, a.x_vec, a.y, a.ldy, a.ep, a.groups);
   BARATA_CUDA_CHECK_LAUNCH();
 }
 
@@ -443,6 +461,52 @@ void launch_gemv(DType type, const void* w, size_t row_bytes, int64_t k, int64_t
       return launch_f<FmtQ4_0>(a, n_tok, stream);
     default:
       return launch_f<FmtQ4_1>(a, n_tok, stream);
+  }
+}
+
+void launch_gemv_grouped(DType type, const GemvGroup* groups, int n_groups, int64_t max_tok,
+                         size_t row_bytes, int64_t k, int64_t n_rows, float scale, const float* x,
+                         float* y, int64_t ldy, cudaStream_t stream) {
+  const DTypeTraits& tr = dtype_traits(type);
+  if (!gemv_supported(type)) bad(std::string("no kernel for ") + tr.name + " weights");
+  if (max_tok < 1 || max_tok > kGemvMaxTokens)
+    bad(std::to_string(max_tok) + " activation rows a group (1.." + std::to_string(kGemvMaxTokens) +
+        ")");
+  if (n_groups < 0 || n_groups > 65535) bad(std::to_string(n_groups) + " groups (0..65535)");
+  if (k < 1 || k > (int64_t{1} << 28) || k % tr.block_size != 0 || n_rows < 1 ||
+      n_rows > (int64_t{1} << 30) || ldy < n_rows)
+    bad("grouped shape " + std::to_string(n_rows) + " x " + std::to_string(k) + ", ldy " +
+        std::to_string(ldy));
+  const size_t need = static_cast<size_t>(k / tr.block_size) * tr.bytes_per_block;
+  if (row_bytes < need) bad("row stride below one row");
+  if (n_groups == 0) return;
+  if (groups == nullptr || x == nullptr || y == nullptr) bad("null groups, activation or output");
+  Args a;
+  a.w = nullptr;
+  a.row_bytes = row_bytes;
+  a.w_end = static_cast<size_t>(n_rows - 1) * row_bytes + need;  // from each group's matrix
+  a.k = static_cast<int>(k);
+  a.n_rows = static_cast<int>(n_rows);
+  a.scale = scale;
+  a.x = x;
+  a.x_vec = k % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  a.y = y;
+  a.ldy = ldy;
+  a.groups = groups;
+  a.n_groups = n_groups;
+  switch (type) {
+    case DType::F32:
+      return launch_f<FmtF32>(a, max_tok, stream);
+    case DType::F16:
+      return launch_f<FmtHalf<false>>(a, max_tok, stream);
+    case DType::BF16:
+      return launch_f<FmtHalf<true>>(a, max_tok, stream);
+    case DType::Q8_0:
+      return launch_f<FmtQ8_0>(a, max_tok, stream);
+    case DType::Q4_0:
+      return launch_f<FmtQ4_0>(a, max_tok, stream);
+    default:
+      return launch_f<FmtQ4_1>(a, max_tok, stream);
   }
 }
 

@@ -258,6 +258,41 @@ TEST_F(EmuGemv, AlignmentAndStrides) {
   }
 }
 
+// launch_gemv_grouped (a mixture of experts' experts in one launch): three
+// matrices at their own addresses, 3, 1 and 4 rows of x each, under a
+// launch sized for 4: each group's outputs are the ones launch_gemv gives
+// it alone, and nothing outside its rows is written.
+TEST(EmuGemvGrouped, EachGroupAsItsOwnLaunch) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.1f);
+  for (DType t : kTypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const int64_t k = 256, n = 40, ldy = n + 3;
+    const size_t rb = row_bytes(t, k);
+    std::vector<std::vector<uint8_t>> w(3, std::vector<uint8_t>(rb * n));
+    for (auto& m : w) {
+      std::vector<float> src(static_cast<size_t>(k * n));
+      for (auto& v : src) v = normal(rng);
+      quantize_tensor(t, src.data(), k, n, m.data());
+    }
+    std::vector<float> x(static_cast<size_t>(8 * k));
+    for (auto& v : x) v = normal(rng) * 10.0f;
+    const std::vector<cuda::GemvGroup> groups = {
+        {w[0].data(), 0, 3, 0}, {w[1].data(), 3, 1, 3}, {w[2].data(), 4, 4, 4}};
+    std::vector<float> got(static_cast<size_t>(ldy * 8), kSentinel), want = got;
+    cuda::launch_gemv_grouped(t, groups.data(), 3, 4, rb, k, n, 0.5f, x.data(), got.data(), ldy,
+                              nullptr);
+    for (const auto& g : groups)
+      launch_gemv(t, g.w, rb, k, n, 0.5f, x.data() + g.x_row * k, g.n_tok,
+                  want.data() + g.y_row * ldy, ldy, nullptr);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float scale = std::max(std::fabs(want[i]), 1.0f);
+      ASSERT_LE(std::fabs(got[i] - want[i]), 1e-5f * scale)
+          << "y[" << i / ldy << "][" << i % ldy << "]";
+    }
+  }
+}
+
 // A long row: several segments per warp and all four warps of a CTA.
 TEST_F(EmuGemv, LongRows) {
   for (DType t : kTypes) check(Case{t, 32 * 1024, 5, 1, 2});

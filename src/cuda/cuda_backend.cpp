@@ -548,7 +548,7 @@ class CudaBackend final : public Backend {
   bool experts_on_cpu_ = false;
   int host_threads_ = 0;
   std::unique_ptr<HostExperts> host_experts_;  // --experts-on cpu
-  std::vector<int32_t> moe_host_lists_;
+  std::vector<uint8_t> moe_host_lists_;
   ExpertGroups moe_groups_;
 
   int device_ = 0;
@@ -858,7 +858,10 @@ void CudaBackend::moe(const LayerWeights& L, const float* xn, float* acc) {
   moe_gate_.ensure(arena_, P * f * 4, "MoE gate rows");
   moe_up_.ensure(arena_, P * f * 4, "MoE up rows");
   moe_y_.ensure(arena_, P * d * 4, "MoE expert outputs");
-  moe_lists_.ensure(arena_, P * 3 * 4, "MoE index lists");
+  // token, slot_at and weights (P each), then three GEMV group tables.
+  const int64_t groups_at = (P * 3 * 4 + 15) / 16 * 16;
+  const int64_t table_bytes = c.n_expert * static_cast<int64_t>(sizeof(GemvGroup));
+  moe_lists_.ensure(arena_, groups_at + 3 * table_bytes, "MoE index lists");
   run_matmul(weights_[static_cast<size_t>(L.router.id)], xn, T, moe_logits_.as<float>(), {},
              x_from());
   moe_host_logits_.resize(static_cast<size_t>(T * c.n_expert));
@@ -881,13 +884,40 @@ void CudaBackend::moe(const LayerWeights& L, const float* xn, float* acc) {
     after("moe (experts on the cpu)");
     return;
   }
-  // token (P), slot_at (P), weights (P as float bits): one upload.
-  moe_host_lists_.resize(static_cast<size_t>(3 * P));
-  std::copy(g.token.begin(), g.token.end(), moe_host_lists_.begin());
-  std::copy(g.slot_at.begin(), g.slot_at.end(), moe_host_lists_.begin() + P);
-  std::memcpy(moe_host_lists_.data() + 2 * P, g.weights.data(), static_cast<size_t>(P) * 4);
-  BARATA_CUDA_CHECK(cudaMemcpyAsync(moe_lists_.p, moe_host_lists_.data(),
-                                    moe_host_lists_.size() * 4, cudaMemcpyHostToDevice, stream_));
+  // Decode-sized groups (every active expert's rows within the GEMV's 8)
+  // of types the GEMV reads: the gate, the up and the down each run as one
+  // launch over every active expert (BARATA_CUDA_MOE_GROUPED=0: one per expert).
+  const DevWeight& gate0 = weights_[static_cast<size_t>(L.gate_exps[0].id)];
+  const DevWeight& up0 = weights_[static_cast<size_t>(L.up_exps[0].id)];
+  const DevWeight& down0 = weights_[static_cast<size_t>(L.down_exps[0].id)];
+  int64_t max_rows = 0;
+  for (const int32_t e : g.active)
+    max_rows = std::max<int64_t>(
+        max_rows, g.start[static_cast<size_t>(e) + 1] - g.start[static_cast<size_t>(e)]);
+  static const bool grouped_on = env_on("BARATA_CUDA_MOE_GROUPED", true);
+  const bool grouped = grouped_on && max_rows <= kGemvMaxTokens && gemv_supported(gate0.type) &&
+                       gemv_supported(up0.type) && gemv_supported(down0.type);
+  // token (P), slot_at (P), weights (P as float bits), the group tables: one upload.
+  moe_host_lists_.resize(static_cast<size_t>(groups_at + 3 * table_bytes));
+  uint8_t* h = moe_host_lists_.data();
+  std::memcpy(h, g.token.data(), static_cast<size_t>(P) * 4);
+  std::memcpy(h + P * 4, g.slot_at.data(), static_cast<size_t>(P) * 4);
+  std::memcpy(h + 2 * P * 4, g.weights.data(), static_cast<size_t>(P) * 4);
+  const auto n_active = static_cast<int>(g.active.size());
+  if (grouped) {
+    const std::vector<WeightDesc>* mats[3] = {&L.gate_exps, &L.up_exps, &L.down_exps};
+    for (int m = 0; m < 3; ++m)
+      for (int i = 0; i < n_active; ++i) {
+        const auto e = static_cast<size_t>(g.active[static_cast<size_t>(i)]);
+        const auto r0 = static_cast<int32_t>(g.start[e]);
+        const GemvGroup gg{weights_[static_cast<size_t>((*mats[m])[e].id)].data, r0,
+                           static_cast<int32_t>(g.start[e + 1] - r0), r0};
+        std::memcpy(h + groups_at + m * table_bytes + i * static_cast<int64_t>(sizeof(GemvGroup)),
+                    &gg, sizeof(GemvGroup));
+      }
+  }
+  const size_t upload = grouped ? moe_host_lists_.size() : static_cast<size_t>(3 * P * 4);
+  BARATA_CUDA_CHECK(cudaMemcpyAsync(moe_lists_.p, h, upload, cudaMemcpyHostToDevice, stream_));
   const int32_t* d_token = moe_lists_.as<int32_t>();
   const int32_t* d_slot = d_token + P;
   const float* d_w = reinterpret_cast<const float*>(d_token + 2 * P);
@@ -896,6 +926,20 @@ void CudaBackend::moe(const LayerWeights& L, const float* xn, float* acc) {
   float* gate = moe_gate_.as<float>();
   float* up = moe_up_.as<float>();
   float* y = moe_y_.as<float>();
+  if (grouped) {
+    const auto* tables = reinterpret_cast<const GemvGroup*>(moe_lists_.as<uint8_t>() + groups_at);
+    const int64_t per = c.n_expert;  // a table's entries
+    launch_gemv_grouped(gate0.type, tables, n_active, max_rows, gate0.row_bytes, d, f, gate0.scale,
+                        xg, gate, f, stream_);
+    launch_gemv_grouped(up0.type, tables + per, n_active, max_rows, up0.row_bytes, d, f, up0.scale,
+                        xg, up, f, stream_);
+    launch_swiglu(gate, up, P * f, stream_);
+    launch_gemv_grouped(down0.type, tables + 2 * per, n_active, max_rows, down0.row_bytes, f, d,
+                        down0.scale, gate, y, d, stream_);
+    launch_moe_combine(acc, y, d_slot, d_w, T, K, d, stream_);
+    after("moe (grouped)");
+    return;
+  }
   for (const int32_t e : g.active) {
     const int64_t r0 = g.start[static_cast<size_t>(e)],
                   n = g.start[static_cast<size_t>(e) + 1] - r0;
