@@ -401,6 +401,24 @@ void launch_f(const Args& a, int64_t n_tok, cudaStream_t stream) {
   }
 }
 
+// The kernel of the weight type (gemv_supported types only).
+void launch_type(DType type, const Args& a, int64_t n_tok, cudaStream_t stream) {
+  switch (type) {
+    case DType::F32:
+      return launch_f<FmtF32>(a, n_tok, stream);
+    case DType::F16:
+      return launch_f<FmtHalf<false>>(a, n_tok, stream);
+    case DType::BF16:
+      return launch_f<FmtHalf<true>>(a, n_tok, stream);
+    case DType::Q8_0:
+      return launch_f<FmtQ8_0>(a, n_tok, stream);
+    case DType::Q4_0:
+      return launch_f<FmtQ4_0>(a, n_tok, stream);
+    default:
+      return launch_f<FmtQ4_1>(a, n_tok, stream);
+  }
+}
+
 [[noreturn]] void bad(const std::string& what) {
   throw Error("gemv: " + what);
 }
@@ -448,20 +466,7 @@ void launch_gemv(DType type, const void* w, size_t row_bytes, int64_t k, int64_t
   a.y = y;
   a.ldy = ldy;
   a.ep = ep;
-  switch (type) {
-    case DType::F32:
-      return launch_f<FmtF32>(a, n_tok, stream);
-    case DType::F16:
-      return launch_f<FmtHalf<false>>(a, n_tok, stream);
-    case DType::BF16:
-      return launch_f<FmtHalf<true>>(a, n_tok, stream);
-    case DType::Q8_0:
-      return launch_f<FmtQ8_0>(a, n_tok, stream);
-    case DType::Q4_0:
-      return launch_f<FmtQ4_0>(a, n_tok, stream);
-    default:
-      return launch_f<FmtQ4_1>(a, n_tok, stream);
-  }
+  launch_type(type, a, n_tok, stream);
 }
 
 void launch_gemv_grouped(DType type, const GemvGroup* groups, int n_groups, int64_t max_tok,
@@ -494,20 +499,7 @@ void launch_gemv_grouped(DType type, const GemvGroup* groups, int n_groups, int6
   a.ldy = ldy;
   a.groups = groups;
   a.n_groups = n_groups;
-  switch (type) {
-    case DType::F32:
-      return launch_f<FmtF32>(a, max_tok, stream);
-    case DType::F16:
-      return launch_f<FmtHalf<false>>(a, max_tok, stream);
-    case DType::BF16:
-      return launch_f<FmtHalf<true>>(a, max_tok, stream);
-    case DType::Q8_0:
-      return launch_f<FmtQ8_0>(a, max_tok, stream);
-    case DType::Q4_0:
-      return launch_f<FmtQ4_0>(a, max_tok, stream);
-    default:
-      return launch_f<FmtQ4_1>(a, max_tok, stream);
-  }
+  launch_type(type, a, max_tok, stream);
 }
 
 }  // namespace barata::cuda
