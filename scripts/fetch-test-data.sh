@@ -5,7 +5,10 @@
 # package llama-cpp-python==0.3.16, which vendors llama.cpp at commit 4227c9b
 # (2025-08-14; the sdist records no release number). The sdist is cached in
 # models/cache/ and checked by sha256; the files go to models/vocab/ and are
-# checked against tests/data/vocab-llama-cpp-python-0.3.16.sha256. Does nothing
+# checked against tests/data/vocab-llama-cpp-python-0.3.16.sha256; llama.cpp's
+# example grammars (grammars/*.gbnf, for the grammar tests) go to
+# models/grammars/, checked against tests/data/grammars-llama-cpp-python-0.3.16.sha256.
+# Does nothing
 # when they are already there and right. Prints the folder. About 15 s from a
 # cold cache: only llama-cpp-python itself is asked for as source, so that pip's
 # metadata step takes its build backend as a wheel (`--no-binary :all:` builds
@@ -19,11 +22,14 @@ SDIST_SHA256="34ed0f9bd9431af045bb63d9324ae620ad0536653740e9bb163a2e1fcb973be6"
 MEMBERS="llama_cpp_python-0.3.16/vendor/llama.cpp/models/ggml-vocab-*"
 MANIFEST="$ROOT/tests/data/vocab-llama-cpp-python-0.3.16.sha256"
 OUT="$ROOT/models/vocab"
+GRAMMAR_MEMBERS="llama_cpp_python-0.3.16/vendor/llama.cpp/grammars/*.gbnf"
+GRAMMAR_MANIFEST="$ROOT/tests/data/grammars-llama-cpp-python-0.3.16.sha256"
+GRAMMAR_OUT="$ROOT/models/grammars"
 
-# Every file of the manifest is in `dir` with its sha256.
-check() { [ -d "$1" ] && (cd "$1" && sha256sum --quiet --strict -c "$MANIFEST" >/dev/null 2>&1); }
+# Every file of the manifest ($2, default the vocabularies') is in `dir` with its sha256.
+check() { [ -d "$1" ] && (cd "$1" && sha256sum --quiet --strict -c "${2:-$MANIFEST}" >/dev/null 2>&1); }
 
-if check "$OUT"; then
+if check "$OUT" && check "$GRAMMAR_OUT" "$GRAMMAR_MANIFEST"; then
   echo "$OUT"
   exit 0
 fi
@@ -41,6 +47,28 @@ if ! sdist_ok; then
     echo "error: fetch-test-data: $SDIST is absent or does not have the sha256 $SDIST_SHA256" >&2
     exit 1
   fi
+fi
+
+# Swaps a checked folder in whole: a reader sees the old set or the new one.
+swap_in() {
+  if [ -e "$2" ]; then rm -rf "$1.old" && mv "$2" "$1.old"; fi
+  mv "$1" "$2"
+  rm -rf "$1.old"
+}
+
+if ! check "$GRAMMAR_OUT" "$GRAMMAR_MANIFEST"; then
+  GTMP="$(mktemp -d "$ROOT/models/.grammars-XXXXXX")"
+  tar -xzf "$SDIST" -C "$GTMP" --strip-components=4 --wildcards "$GRAMMAR_MEMBERS"
+  if ! check "$GTMP" "$GRAMMAR_MANIFEST"; then
+    echo "error: fetch-test-data: the grammars of $SDIST_NAME do not match $GRAMMAR_MANIFEST" >&2
+    rm -rf "$GTMP"
+    exit 1
+  fi
+  swap_in "$GTMP" "$GRAMMAR_OUT"
+fi
+if check "$OUT"; then
+  echo "$OUT"
+  exit 0
 fi
 
 TMP="$(mktemp -d "$ROOT/models/.vocab-XXXXXX")"

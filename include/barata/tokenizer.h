@@ -104,6 +104,9 @@ class Tokenizer {
   // their text (<|eot_id|>, <|im_end|>, <|end|>, <end_of_turn>, <|endoftext|>,
   // <|eom_id|>, <EOT>) and the FIM pad/repo/file-separator tokens.
   bool is_eog(int32_t id) const;
+  // A token that stands for text (normal, byte or user-defined), not a
+  // control, unknown or unused one: what a grammar may produce.
+  bool is_text(int32_t id) const;
   // The id whose token text is exactly `text` (e.g. "<|im_start|>").
   std::optional<int32_t> find_token(std::string_view text) const;
   const std::string& chat_template() const;         // tokenizer.chat_template or ""

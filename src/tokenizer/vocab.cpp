@@ -364,6 +364,11 @@ bool Tokenizer::add_bos_default() const {
 bool Tokenizer::is_eog(int32_t id) const {
   return v_->eog.count(id) > 0;
 }
+bool Tokenizer::is_text(int32_t id) const {
+  if (id < 0 || id >= n_vocab()) return false;
+  return (v_->tokens[static_cast<size_t>(id)].attr &
+          (tok::kAttrNormal | tok::kAttrByte | tok::kAttrUserDefined)) != 0;
+}
 std::optional<int32_t> Tokenizer::find_token(std::string_view text) const {
   const int32_t id = v_->find(text);
   return id < 0 ? std::nullopt : std::optional<int32_t>(id);
