@@ -312,6 +312,23 @@ void Scheduler::stream_text(Sequence& s, bool all) {
   }
 }
 
+bool Scheduler::constrain(Sequence& s, std::span<float> logits) {
+  int64_t allowed = 0;
+  try {
+    allowed = s.grammar->apply(logits);
+  } catch (const Error& e) {
+    fail_request(s, e.what());
+    return false;
+  }
+  if (allowed > 0) return true;
+  if (s.grammar->complete()) {
+    finish(s, FinishReason::kEos);  // only an end-of-generation token was left, and it is ignored
+  } else {
+    fail_request(s, "grammar: no token of the vocabulary continues the text here");
+  }
+  return false;
+}
+
 // Appends a sampled token and checks the stop conditions; true when it stops.
 bool Scheduler::emit(Sequence& s, int32_t token) {
   s.tokens.push_back(token);
@@ -344,10 +361,22 @@ bool Scheduler::emit(Sequence& s, int32_t token) {
       stop = FinishReason::kStop;
     }
   }
+  // The grammar follows the text; when it can take no more bytes the
+  // sequence is done (its end-of-generation token would be the only choice).
+  bool grammar_done = false;
+  if (s.grammar && !eog) {
+    if (!s.grammar->accept(token)) {
+      // Only a caller bypassing the mask gets here.
+      if (on_token) on_token(s, token);
+      fail_request(s, fmt::format("token {} is not allowed by the grammar here", token));
+      return true;
+    }
+    grammar_done = !s.grammar->can_continue();
+  }
   if (on_token) on_token(s, token);
   stream_text(s, stop != FinishReason::kNone);
   if (stop == FinishReason::kNone) {
-    if (eog)
+    if (eog || grammar_done)
       stop = FinishReason::kEos;
     else if (static_cast<int64_t>(s.output().size()) >= s.req.max_tokens)
       stop = FinishReason::kLength;
@@ -633,7 +662,7 @@ void Scheduler::postprocess() {
       continue;
     }
     if (w.g > 0) {
-      const float* lg = logits_.data() + logit_row * engine_.n_vocab();
+      float* lg = logits_.data() + logit_row * engine_.n_vocab();
       logit_row += w.g + 1;
       if (verify(s, w.g, lg)) plan_.finished.push_back(&s);
       continue;
@@ -651,6 +680,10 @@ void Scheduler::postprocess() {
       continue;
     }
     if (on_logits) on_logits(s, lg);
+    if (s.grammar && !constrain(s, lg)) {
+      plan_.finished.push_back(&s);
+      continue;
+    }
     // The sampled token is not in the cache yet: the next step feeds it. A
     // speculating sequence draws every token as its verify passes do.
     const int32_t next =
@@ -714,13 +747,24 @@ void Scheduler::draft(Sequence& s, int64_t max_g, int64_t sharing) {
 // target's own token are kept, the cache is cut back behind them (rejection
 // is a truncation), and each kept token is emitted in turn until one stops
 // the sequence.
-bool Scheduler::verify(Sequence& s, int g, const float* logits) {
+bool Scheduler::verify(Sequence& s, int g, float* logits) {
   const std::shared_ptr<SpecSlot> hold = s.spec;  // finish() drops s.spec
   SpecSlot& sp = *hold;
   KvBlockManager& kv = engine_.blocks();
   const int64_t nv = engine_.n_vocab();
   const int64_t L = static_cast<int64_t>(s.tokens.size());
   int32_t next = -1;
+  if (s.grammar) {
+    // Row i follows drafts 0..i-1: each is masked by the grammar's state
+    // after them, so that a draft the grammar refuses is rejected like any
+    // other. Rows past the first refused draft are never read.
+    GrammarMatcher probe = *s.grammar;
+    for (int i = 0; i <= g; ++i) {
+      probe.apply(std::span<float>(logits + static_cast<size_t>(i) * static_cast<size_t>(nv),
+                                   static_cast<size_t>(nv)));
+      if (i < g && !probe.accept(sp.draft.tokens[static_cast<size_t>(i)])) break;
+    }
+  }
   const int k = spec_verify(s.sampler->options(), logits, nv, sp, &next);
   kv.truncate(s.kv, L + k);  // the context and the kept drafts
   s.n_computed = L + k;

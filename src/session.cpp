@@ -116,6 +116,7 @@ Generation generate(Session& s, int seq, std::span<const int32_t> prompt, std::v
   r.max_tokens = o.n_predict;
   r.prefill_only = o.n_predict == 0;
   r.stop = o.stop;
+  r.grammar = o.grammar;
   if (o.drafter) r.spec_stats = &g.spec;
   const int id = sch.submit(std::move(r));
   bool prefill_timed = false;

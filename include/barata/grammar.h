@@ -27,6 +27,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace barata {
 
 class Tokenizer;
@@ -148,5 +150,19 @@ class GrammarMatcher {
   GrammarStacks stacks_, tmp_, tmp2_;
   std::vector<uint64_t> bits_;
 };
+
+// The index of a GBNF text over a tokenizer's vocabulary, from a cache of
+// the texts used last (so that a server's repeated schemas keep their masks).
+// Throws barata::Error as Grammar::parse.
+std::shared_ptr<const GrammarIndex> grammar_index(std::string_view gbnf, const Tokenizer& tok);
+
+// A JSON Schema as GBNF (see src/grammar/json_schema.cpp for what is
+// understood). Throws barata::Error naming the keyword and where it is (a
+// JSON pointer) for what it cannot express.
+// Properties are written in the schema's order, hence ordered_json.
+std::string json_schema_to_gbnf(const nlohmann::ordered_json& schema);
+std::string json_schema_to_gbnf(std::string_view schema_json);
+// Any JSON object (OpenAI's response_format {"type": "json_object"}).
+std::string json_object_gbnf();
 
 }  // namespace barata

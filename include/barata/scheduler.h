@@ -212,7 +212,7 @@ class Scheduler {
   int64_t plan_running();  // decode rows and prefill chunks of the running; the budget left
   // A decode-ready speculating sequence's proposal, in a step `sharing` sequences share.
   void draft(Sequence& s, int64_t max_g, int64_t sharing);
-  bool verify(Sequence& s, int g, const float* logits);  // true when it stops
+  bool verify(Sequence& s, int g, float* logits);  // true when it stops
   void measure_plain(Sequence& s, int64_t rows,
                      double ms);  // a speculating sequence's non-verify step
   bool admissible(const Sequence& s, bool new_batch) const;
@@ -222,6 +222,9 @@ class Scheduler {
   void fail_request(Sequence& s, std::string why);
   void release(Sequence& s, bool keep_computed);
   bool emit(Sequence& s, int32_t token);  // true when the sequence stops
+  // Masks a row of logits by the sequence's grammar; false when it failed
+  // or finished (nothing the grammar allows is left).
+  bool constrain(Sequence& s, std::span<float> logits);
   void stream_text(Sequence& s, bool all);
   StepEngine& engine_;
   SchedulerOptions opts_;

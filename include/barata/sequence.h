@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "barata/grammar.h"
 #include "barata/sampler.h"
 #include "barata/tokenizer.h"
 
@@ -50,6 +51,10 @@ struct Request {
   // Where a speculating sequence records each of its decode steps and
   // verify passes (a caller's; null: only the scheduler's totals).
   SpecStats* spec_stats = nullptr;
+  // Constrained decoding: every generated token keeps the text a prefix of
+  // a sentence of this grammar (its vocabulary must be the model's), and
+  // generation ends where the grammar is complete (null: unconstrained).
+  std::shared_ptr<const GrammarIndex> grammar;
 };
 
 enum class SeqStatus { kWaiting, kRunning, kFinished, kFailed };
@@ -91,7 +96,9 @@ struct Sequence {
   int64_t admit_order = -1;       // admission counter (the youngest is preempted first)
 
   explicit Sequence(const Request& r)
-      : own_sampler(r.sampling), sampler(r.sampler ? r.sampler : &own_sampler) {}
+      : own_sampler(r.sampling), sampler(r.sampler ? r.sampler : &own_sampler) {
+    if (r.grammar) grammar = std::make_unique<GrammarMatcher>(r.grammar);
+  }
   std::span<const int32_t> output() const {
     // Empty once Scheduler::forget dropped the tokens.
     return std::span<const int32_t>(tokens).subspan(
@@ -105,6 +112,8 @@ struct Sequence {
   // Speculative decoding's state while it runs (SchedulerOptions::drafter_for);
   // dropped, with its drafter and the drafter's cache, when it finishes.
   std::shared_ptr<SpecSlot> spec;
+  // Where it stands in Request::grammar (null: unconstrained).
+  std::unique_ptr<GrammarMatcher> grammar;
 };
 
 }  // namespace barata

@@ -66,6 +66,8 @@ struct GenerateOptions {
   int top_logits = 0;             // per step: the K largest (id, logit)
   int show_probs = 0;             // per step: the K most likely (id, p) at the temperature
   std::vector<std::string> stop;  // stop strings: the text ends before the first
+  // Constrained output (Request::grammar); null: none.
+  std::shared_ptr<const GrammarIndex> grammar;
   // Speculative decoding (the scheduler's mode): a drafter the caller
   // keeps, null for plain decoding; its gamma, or --draft-auto's choice per
   // step with the draft's cost prior (< 0: the scheduler's default).

@@ -243,25 +243,39 @@ class Parser {
       const char e = peek();
       ++pos_;
       switch (e) {
-        case 'n': return '\n';
-        case 'r': return '\r';
-        case 't': return '\t';
-        case '\\': return '\\';
-        case '"': return '"';
-        case '\'': return '\'';
-        case '[': return '[';
-        case ']': return ']';
-        case '-': return '-';
-        case '^': return '^';
-        case '/': return '/';
-        case 'x': return hex(2);
-        case 'u': return hex(4);
+        case 'n':
+          return '\n';
+        case 'r':
+          return '\r';
+        case 't':
+          return '\t';
+        case '\\':
+          return '\\';
+        case '"':
+          return '"';
+        case '\'':
+          return '\'';
+        case '[':
+          return '[';
+        case ']':
+          return ']';
+        case '-':
+          return '-';
+        case '^':
+          return '^';
+        case '/':
+          return '/';
+        case 'x':
+          return hex(2);
+        case 'u':
+          return hex(4);
         case 'U': {
           const uint32_t v = hex(8);
           if (v > kMaxCodePoint) error(at, "a code point above U+10FFFF");
           return v;
         }
-        default: error(at, fmt::format("unknown escape '\\{}'", e));
+        default:
+          error(at, fmt::format("unknown escape '\\{}'", e));
       }
     }
     // UTF-8 in the grammar's own text.
@@ -502,7 +516,8 @@ std::shared_ptr<const Grammar> Grammar::parse(std::string_view gbnf, std::string
   p.parse_all();
   for (size_t r = 0; r < b.rules.size(); ++r)
     if (b.defined_at[r] < 0)
-      p.error(static_cast<size_t>(b.used_at[r]), fmt::format("rule '{}' is not defined", b.names[r]));
+      p.error(static_cast<size_t>(b.used_at[r]),
+              fmt::format("rule '{}' is not defined", b.names[r]));
   auto it = b.by_name.find(root);
   if (it == b.by_name.end()) fail("grammar: no rule named '{}' (the start rule)", root);
 

@@ -122,7 +122,9 @@ void GrammarIndex::expand(GrammarStack& s, GrammarStacks& out) const {
   const Grammar::Elem e = g_->elems[p];
   switch (e.kind) {
     case Kind::kBytes:
-    case Kind::kEscape: out.push_back(s); return;
+    case Kind::kEscape:
+      out.push_back(s);
+      return;
     case Kind::kEnd:
       s.pop_back();
       expand(s, out);
@@ -207,9 +209,8 @@ GrammarIndex::TopInfo GrammarIndex::classify(std::span<const uint32_t> top) cons
     lv.resize(d);
     while (!esc.empty() && esc.back() >= d) esc.pop_back();
     advance(lv[d - 1], V.byte[i], tmp);
-    const auto gone = std::remove_if(tmp.begin(), tmp.end(), [](const GrammarStack& s) {
-      return !s.empty() && s.back() == 0;
-    });
+    const auto gone = std::remove_if(
+        tmp.begin(), tmp.end(), [](const GrammarStack& s) { return !s.empty() && s.back() == 0; });
     const bool escaped = gone != tmp.end();
     tmp.erase(gone, tmp.end());
     if (escaped) esc.push_back(static_cast<uint16_t>(d));
@@ -349,6 +350,28 @@ bool GrammarMatcher::accept(int32_t token) {
   }
   stacks_.swap(tmp_);
   return true;
+}
+
+std::shared_ptr<const GrammarIndex> grammar_index(std::string_view gbnf, const Tokenizer& tok) {
+  static std::mutex mu;
+  // Most recently used last; a few entries (each may hold megabytes of masks).
+  static std::vector<std::pair<std::string, std::shared_ptr<const GrammarIndex>>> cache;
+  auto vocab = GrammarVocab::of(tok);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t i = 0; i < cache.size(); ++i)
+      if (cache[i].first == gbnf && &cache[i].second->vocab() == vocab.get()) {
+        auto hit = cache[i];
+        cache.erase(cache.begin() + static_cast<std::ptrdiff_t>(i));
+        cache.push_back(hit);
+        return hit.second;
+      }
+  }
+  auto idx = std::make_shared<const GrammarIndex>(Grammar::parse(gbnf), std::move(vocab));
+  std::lock_guard<std::mutex> lock(mu);
+  cache.emplace_back(std::string(gbnf), idx);
+  if (cache.size() > 16) cache.erase(cache.begin());
+  return idx;
 }
 
 }  // namespace barata

@@ -18,6 +18,7 @@ Command add_batch(CLI::App& app);
 Command add_bench(CLI::App& app);
 Command add_chat(CLI::App& app);
 Command add_eval_quant(CLI::App& app);
+Command add_grammar(CLI::App& app);
 Command add_inspect(CLI::App& app);
 Command add_outliers(CLI::App& app);
 Command add_perplexity(CLI::App& app);

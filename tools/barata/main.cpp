@@ -44,11 +44,11 @@ int main(int argc, char** argv) {
       barata::cli::add_agreement(app),  barata::cli::add_batch(app),
       barata::cli::add_battery(app),    barata::cli::add_bench(app),
       barata::cli::add_chat(app),       barata::cli::add_eval_quant(app),
-      barata::cli::add_inspect(app),    barata::cli::add_outliers(app),
-      barata::cli::add_perplexity(app), barata::cli::add_plan(app),
-      barata::cli::add_quantize(app),   barata::cli::add_run(app),
-      barata::cli::add_serve(app),      barata::cli::add_spec_bench(app),
-      barata::cli::add_tokenize(app),
+      barata::cli::add_grammar(app),    barata::cli::add_inspect(app),
+      barata::cli::add_outliers(app),   barata::cli::add_perplexity(app),
+      barata::cli::add_plan(app),       barata::cli::add_quantize(app),
+      barata::cli::add_run(app),        barata::cli::add_serve(app),
+      barata::cli::add_spec_bench(app), barata::cli::add_tokenize(app),
   };
 
   // A first argument that is no option and no subcommand: name it and list

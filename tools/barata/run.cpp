@@ -23,6 +23,7 @@ struct RunArgs {
   std::string prompt, prompt_file, chat_template, system;
   int n_predict = 256;
   SamplerOptions sampling;
+  GrammarOptions grammar;
   bool no_cache = false, chat = false, json = false, truncate = false, no_bos = false;
   bool parse_special = false;
   int top_logits = 0, show_probs = 0;
@@ -135,6 +136,7 @@ int run(const RunArgs& a) {
                      .top_logits = a.top_logits,
                      .show_probs = a.show_probs,
                      .stop = a.stop,
+                     .grammar = make_grammar(a.grammar, s),
                      .drafter = d.drafter.get(),
                      .draft_max = a.spec.draft_max,
                      .draft_min = a.spec.draft_min,
@@ -172,6 +174,7 @@ Command add_run(CLI::App& app) {
   sub->add_option("-n,--n-predict", a->n_predict, "Tokens to generate")
       ->check(CLI::Range(0, 1 << 30));
   add_sampling_options(sub, a->sampling);
+  add_grammar_options(sub, a->grammar);
   sub->add_flag("--no-kv-cache", a->no_cache, "Recompute the whole sequence at every step");
   sub->add_option("--stop,-r,--reverse-prompt", a->stop,
                   "Stop when the text contains this string, which is not printed (repeatable)")

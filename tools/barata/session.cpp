@@ -12,6 +12,8 @@
 #include <spdlog/spdlog.h>
 
 #include "barata/error.h"
+#include "barata/file_io.h"
+#include "barata/grammar.h"
 #include "default_model.h"
 
 namespace barata::cli {
@@ -129,6 +131,42 @@ void add_sampling_options(CLI::App* sub, SamplerOptions& s) {
       ->check(integer_in<int>(0, 1 << 30));
   sub->add_option("-s,--seed", s.seed, "Random seed")
       ->check(integer_in<uint64_t>(0, std::numeric_limits<uint64_t>::max()));
+}
+
+void add_grammar_options(CLI::App* sub, GrammarOptions& o) {
+  auto* g = sub->add_option("--grammar", o.grammar,
+                            "Constrain the output to this GBNF grammar (llama.cpp's syntax)");
+  auto* f = sub->add_option("--grammar-file", o.grammar_file, "Read the GBNF grammar from a file")
+                ->check(CLI::ExistingFile);
+  auto* j = sub->add_option("--json-schema", o.json_schema,
+                            "Constrain the output to JSON valid against this JSON Schema file")
+                ->check(CLI::ExistingFile);
+  g->excludes(f)->excludes(j);
+  f->excludes(j);
+}
+
+std::shared_ptr<const GrammarIndex> make_grammar(const GrammarOptions& o, const Session& s) {
+  if (!o.any()) return nullptr;
+  std::string gbnf = o.grammar;
+  std::string where = "--grammar";
+  if (!o.grammar_file.empty()) {
+    gbnf = read_regular_file(o.grammar_file, "grammar file");
+    where = "--grammar-file " + o.grammar_file;
+  }
+  if (!o.json_schema.empty()) {
+    where = "--json-schema " + o.json_schema;
+    try {
+      gbnf = json_schema_to_gbnf(
+          std::string_view(read_regular_file(o.json_schema, "JSON schema file")));
+    } catch (const Error& e) {
+      fail("{}: {}", where, e.what());
+    }
+  }
+  try {
+    return grammar_index(gbnf, s.tok);
+  } catch (const Error& e) {
+    fail("{}: {}", where, e.what());
+  }
 }
 
 SessionOptions session_options(const ModelOptions& o) {

@@ -52,6 +52,16 @@ KvType cache_type(const std::string& name);
 // seed that does not fit 64 bits) are usage errors naming the flag.
 void add_sampling_options(CLI::App* sub, SamplerOptions& s);
 
+// --grammar, --grammar-file, --json-schema (one at most): constrained output.
+struct GrammarOptions {
+  std::string grammar, grammar_file, json_schema;
+  bool any() const { return !grammar.empty() || !grammar_file.empty() || !json_schema.empty(); }
+};
+void add_grammar_options(CLI::App* sub, GrammarOptions& o);
+// The grammar the flags ask for over the session's vocabulary; null without
+// them. Errors name the flag and the file.
+std::shared_ptr<const GrammarIndex> make_grammar(const GrammarOptions& o, const Session& s);
+
 // The library's options for these flags, the default model's path filled in.
 SessionOptions session_options(const ModelOptions& o);
 
