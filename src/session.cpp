@@ -134,6 +134,7 @@ Generation generate(Session& s, int seq, std::span<const int32_t> prompt, std::v
   all.assign(q.tokens.begin(), q.tokens.end());
   if (!g.generated.empty()) g.decode_ms = ms_since(t_decode);
   g.finish = q.finish;
+  if (q.grammar) g.grammar_us = q.grammar->apply_us();
   if (o.drafter) finish_spec_stats(g.spec, o.draft_max, o.drafter->uses_model());
   return g;
 }

@@ -82,6 +82,7 @@ class GrammarVocab {
   std::vector<int32_t> ids;
   std::vector<std::string> pieces;  // per id; "" for tokens no grammar can produce
   std::vector<uint8_t> eog;         // per id: an end-of-generation token
+  std::vector<uint64_t> eog_bits;   // the same as bits
 };
 
 // A grammar over a vocabulary, with the caches of its masks; thread-safe.
@@ -113,6 +114,11 @@ class GrammarIndex {
   };
   const TopInfo& top_info(std::span<const uint32_t> top) const;
   TopInfo classify(std::span<const uint32_t> top) const;
+  // The walks' automaton: sets of stacks over [escape, top...] interned as
+  // ids, with their transitions memoized (a string's character loop is one
+  // state, so a walk is a table lookup per trie node).
+  int32_t intern(GrammarStacks&& s) const;
+  int32_t step(int32_t state, unsigned char b, bool* escaped) const;
   void expand(GrammarStack& s, GrammarStacks& out) const;
   bool accepts(const GrammarStacks& from, std::string_view bytes) const;
 
@@ -126,6 +132,9 @@ class GrammarIndex {
   // Whole masks by state (the stacks flattened with separators), bounded.
   mutable std::unordered_map<std::vector<uint32_t>, std::vector<uint64_t>, VecHash> masks_;
   mutable Stats stats_;
+  mutable std::unordered_map<std::vector<uint32_t>, int32_t, VecHash> walk_ids_;
+  mutable std::vector<GrammarStacks> walk_states_;
+  mutable std::vector<std::array<int32_t, 256>> walk_next_;  // -1 unknown; else id * 2 + escaped
 };
 
 // One sequence's place in its grammar.
@@ -144,11 +153,14 @@ class GrammarMatcher {
   bool can_continue() const;
   const GrammarStacks& state() const { return stacks_; }
   const GrammarIndex& index() const { return *idx_; }
+  // Microseconds of each apply() (the mask and writing it into the logits).
+  const std::vector<float>& apply_us() const { return apply_us_; }
 
  private:
   std::shared_ptr<const GrammarIndex> idx_;
   GrammarStacks stacks_, tmp_, tmp2_;
   std::vector<uint64_t> bits_;
+  std::vector<float> apply_us_;
 };
 
 // The index of a GBNF text over a tokenizer's vocabulary, from a cache of

@@ -90,7 +90,8 @@ struct Generation {
   int64_t prefill_tokens = 0;
   double prefill_ms = 0, ttft_ms = 0, decode_ms = 0;
   nlohmann::json steps = nlohmann::json::array();
-  SpecStats spec;  // with a drafter: its verify passes and plain steps
+  SpecStats spec;                 // with a drafter: its verify passes and plain steps
+  std::vector<float> grammar_us;  // with a grammar: each mask's microseconds
   bool interrupted() const { return finish == FinishReason::kCancelled; }
 
   // The first token comes from the prefill's logits; the others cost a decode step each.

@@ -59,7 +59,8 @@ std::string lit(std::string_view s) {
 }
 
 // Characters of a JSON string (any but ", \ and controls, or an escape).
-constexpr const char* kCharRule = R"([^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))";
+constexpr const char* kCharRule =
+    R"([^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))";
 
 std::string digits_range(char lo, char hi) {
   if (lo == hi) return fmt::format("\"{}\"", lo);
@@ -126,8 +127,7 @@ class Converter {
 
   std::string add(const std::string& hint, const std::string& body) {
     std::string name;
-    for (char c : hint)
-      name += (std::isalnum(static_cast<unsigned char>(c)) || c == '-') ? c : '-';
+    for (char c : hint) name += (std::isalnum(static_cast<unsigned char>(c)) || c == '-') ? c : '-';
     if (name.empty() || !std::isalpha(static_cast<unsigned char>(name[0]))) name = "r-" + name;
     std::string n = name;
     for (int i = 2; rules_.count(n) || n == "root"; ++i) n = name + "-" + std::to_string(i);
@@ -146,9 +146,11 @@ class Converter {
         {"boolean", R"("true" | "false")"},
         {"null", R"("null")"},
         {"value", R"(object | array | string | number | boolean | null)"},
-        {"object", R"("{" ws ( string ws ":" ws value ( ws "," ws string ws ":" ws value )* ws )? "}")"},
+        {"object",
+         R"("{" ws ( string ws ":" ws value ( ws "," ws string ws ":" ws value )* ws )? "}")"},
         {"array", R"("[" ws ( value ( ws "," ws value )* ws )? "]")"},
-        {"date", R"([0-9]{4} "-" ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ))"},
+        {"date",
+         R"([0-9]{4} "-" ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ))"},
         {"time",
          R"(( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,9} )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ))"},
         {"hex", "[0-9a-fA-F]"},
@@ -178,7 +180,8 @@ class Converter {
         refuse(ptr + "/$ref", fmt::format("$ref '{}' names no definition", ref));
       }
     }
-    refuse(ptr + "/$ref", fmt::format("$ref '{}' is not a local #/$defs/ or #/definitions/ reference", ref));
+    refuse(ptr + "/$ref",
+           fmt::format("$ref '{}' is not a local #/$defs/ or #/definitions/ reference", ref));
   }
 
   std::string visit(const json& s, const std::string& ptr, const std::string& hint) {
@@ -187,14 +190,46 @@ class Converter {
       return prim("value");
     }
     if (!s.is_object()) refuse(ptr, "a schema that is not an object or a boolean");
-    static const std::set<std::string> known = {
-        "type", "properties", "required", "additionalProperties", "items", "prefixItems",
-        "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
-        "exclusiveMinimum", "exclusiveMaximum", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
-        "$defs", "definitions", "nullable", "title", "description", "examples", "default",
-        "$schema", "$id", "$comment", "readOnly", "writeOnly", "deprecated", "strict", "name"};
+    static const std::set<std::string> known = {"type",
+                                                "properties",
+                                                "required",
+                                                "additionalProperties",
+                                                "items",
+                                                "prefixItems",
+                                                "minItems",
+                                                "maxItems",
+                                                "minLength",
+                                                "maxLength",
+                                                "pattern",
+                                                "format",
+                                                "minimum",
+                                                "maximum",
+                                                "exclusiveMinimum",
+                                                "exclusiveMaximum",
+                                                "enum",
+                                                "const",
+                                                "anyOf",
+                                                "oneOf",
+                                                "allOf",
+                                                "$ref",
+                                                "$defs",
+                                                "definitions",
+                                                "nullable",
+                                                "title",
+                                                "description",
+                                                "examples",
+                                                "default",
+                                                "$schema",
+                                                "$id",
+                                                "$comment",
+                                                "readOnly",
+                                                "writeOnly",
+                                                "deprecated",
+                                                "strict",
+                                                "name"};
     for (const auto& [k, v] : s.items())
-      if (!known.count(k)) refuse(ptr + "/" + k, fmt::format("the keyword '{}' is not supported", k));
+      if (!known.count(k))
+        refuse(ptr + "/" + k, fmt::format("the keyword '{}' is not supported", k));
 
     std::string body = visit_inner(s, ptr, hint);
     if (s.value("nullable", false)) body = "(" + body + ") | " + prim("null");
@@ -224,7 +259,8 @@ class Converter {
     for (const char* key : {"anyOf", "oneOf"})
       if (s.contains(key)) {
         const json& a = s.at(key);
-        if (!a.is_array() || a.empty()) refuse(ptr + "/" + key, fmt::format("{} must be a non-empty array", key));
+        if (!a.is_array() || a.empty())
+          refuse(ptr + "/" + key, fmt::format("{} must be a non-empty array", key));
         std::string b;
         for (size_t i = 0; i < a.size(); ++i)
           b += (i ? " | " : "") + visit(a[i], fmt::format("{}/{}/{}", ptr, key, i), hint);
@@ -254,23 +290,28 @@ class Converter {
     if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required"))
       return typed(s, "object", ptr, hint);
     if (s.contains("items") || s.contains("prefixItems")) return typed(s, "array", ptr, hint);
-    if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength"))
+    if (s.contains("pattern") || s.contains("format") || s.contains("minLength") ||
+        s.contains("maxLength"))
       return typed(s, "string", ptr, hint);
     return prim("value");
   }
 
-  std::string typed(const json& s, const std::string& t, const std::string& ptr, const std::string& hint) {
+  std::string typed(const json& s, const std::string& t, const std::string& ptr,
+                    const std::string& hint) {
     if (t == "null") return prim("null");
     if (t == "boolean") return prim("boolean");
     if (t == "integer") return integer(s, ptr, hint);
     if (t == "number") {
       for (const char* k : {"maximum", "exclusiveMinimum", "exclusiveMaximum"})
-        if (s.contains(k)) refuse(ptr + "/" + k, fmt::format("'{}' on a number (not an integer) is not supported", k));
+        if (s.contains(k))
+          refuse(ptr + "/" + k,
+                 fmt::format("'{}' on a number (not an integer) is not supported", k));
       if (s.contains("minimum")) {
         if (!s.at("minimum").is_number() || s.at("minimum").get<double>() != 0.0)
           refuse(ptr + "/minimum", "a number's minimum other than 0 is not supported");
         prim("int");
-        return add(hint + "-num", R"(("0" | [1-9] [0-9]{0,18}) ("." [0-9]+)? ([eE] [-+]? [0-9]+)?)");
+        return add(hint + "-num",
+                   R"(("0" | [1-9] [0-9]{0,18}) ("." [0-9]+)? ([eE] [-+]? [0-9]+)?)");
       }
       return prim("number");
     }
@@ -282,9 +323,12 @@ class Converter {
 
   static int64_t get_int(const json& s, const char* k, const std::string& ptr) {
     const json& v = s.at(k);
-    if (!v.is_number() || (v.is_number_float() && v.get<double>() != static_cast<double>(static_cast<int64_t>(v.get<double>()))))
+    if (!v.is_number() ||
+        (v.is_number_float() &&
+         v.get<double>() != static_cast<double>(static_cast<int64_t>(v.get<double>()))))
       refuse(ptr + "/" + k, fmt::format("'{}' must be an integer", k));
-    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    if (v.is_number_unsigned() &&
+        v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
       refuse(ptr + "/" + k, fmt::format("'{}' is out of range", k));
     return v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>();
   }
@@ -364,8 +408,8 @@ class Converter {
       else if (f == "date-time")
         inner = prim("date") + " \"T\" " + prim("time");
       else if (f == "uuid")
-        inner = prim("hex") + "{8} \"-\" " + prim("hex") + "{4} \"-\" " + prim("hex") + "{4} \"-\" " +
-                prim("hex") + "{4} \"-\" " + prim("hex") + "{12}";
+        inner = prim("hex") + "{8} \"-\" " + prim("hex") + "{4} \"-\" " + prim("hex") +
+                "{4} \"-\" " + prim("hex") + "{4} \"-\" " + prim("hex") + "{12}";
       else
         refuse(ptr + "/format", fmt::format("the string format '{}' is not supported", f));
       if (f == "date-time") prim("time");
@@ -373,13 +417,16 @@ class Converter {
     }
     if (s.contains("pattern")) {
       if (!s.at("pattern").is_string()) refuse(ptr + "/pattern", "pattern must be a string");
-      return add(hint + "-pattern", "\"\\\"\" " + regex(s.at("pattern").get<std::string>(), ptr + "/pattern") + " \"\\\"\"");
+      return add(
+          hint + "-pattern",
+          "\"\\\"\" " + regex(s.at("pattern").get<std::string>(), ptr + "/pattern") + " \"\\\"\"");
     }
     if (s.contains("minLength") || s.contains("maxLength")) {
       const int64_t mn = s.contains("minLength") ? get_int(s, "minLength", ptr) : 0;
       const int64_t mx = s.contains("maxLength") ? get_int(s, "maxLength", ptr) : -1;
       if (mn < 0 || mn > kMaxItems || mx > kMaxItems || (mx >= 0 && mx < mn))
-        refuse(ptr, fmt::format("string lengths must be in 0..{} with minLength <= maxLength", kMaxItems));
+        refuse(ptr, fmt::format("string lengths must be in 0..{} with minLength <= maxLength",
+                                kMaxItems));
       return add(hint + "-str", mx < 0 ? fmt::format("\"\\\"\" char{{{},}} \"\\\"\"", mn)
                                        : fmt::format("\"\\\"\" char{{{},{}}} \"\\\"\"", mn, mx));
     }
@@ -391,13 +438,15 @@ class Converter {
     int64_t mn = s.contains("minItems") ? get_int(s, "minItems", ptr) : 0;
     int64_t mx = s.contains("maxItems") ? get_int(s, "maxItems", ptr) : -1;
     if (mn < 0 || mn > kMaxItems || mx > kMaxItems || (mx >= 0 && mx < mn))
-      refuse(ptr, fmt::format("minItems/maxItems must be in 0..{} with minItems <= maxItems", kMaxItems));
+      refuse(ptr, fmt::format("minItems/maxItems must be in 0..{} with minItems <= maxItems",
+                              kMaxItems));
     std::vector<std::string> fixed;
     if (s.contains("prefixItems")) {
       const json& p = s.at("prefixItems");
       if (!p.is_array()) refuse(ptr + "/prefixItems", "prefixItems must be an array");
       for (size_t i = 0; i < p.size(); ++i)
-        fixed.push_back(visit(p[i], fmt::format("{}/prefixItems/{}", ptr, i), hint + "-" + std::to_string(i)));
+        fixed.push_back(
+            visit(p[i], fmt::format("{}/prefixItems/{}", ptr, i), hint + "-" + std::to_string(i)));
     }
     std::string item = prim("value");
     bool more = true;
@@ -419,7 +468,8 @@ class Converter {
     const std::string sep = "ws \",\" ws " + item;
     std::string elems;
     if (mx < 0)
-      elems = mn <= 1 ? fmt::format("{} ( {} )*", item, sep) : fmt::format("{} ( {} ){{{},}}", item, sep, mn - 1);
+      elems = mn <= 1 ? fmt::format("{} ( {} )*", item, sep)
+                      : fmt::format("{} ( {} ){{{},}}", item, sep, mn - 1);
     else if (mx == 0)
       elems = "";
     else
@@ -498,8 +548,11 @@ class Converter {
         if (i > 0) seq_more[i] = add(hint + "-q" + std::to_string(i), with_more);
       } else {
         const std::string skip_first = seq_first[i + 1], skip_more = seq_more[i + 1];
-        seq_first[i] = add(hint + "-p" + std::to_string(i), with_first + " | " + (skip_first.empty() ? "\"\"" : skip_first));
-        if (i > 0) seq_more[i] = add(hint + "-q" + std::to_string(i), with_more + " | " + (skip_more.empty() ? "\"\"" : skip_more));
+        seq_first[i] = add(hint + "-p" + std::to_string(i),
+                           with_first + " | " + (skip_first.empty() ? "\"\"" : skip_first));
+        if (i > 0)
+          seq_more[i] = add(hint + "-q" + std::to_string(i),
+                            with_more + " | " + (skip_more.empty() ? "\"\"" : skip_more));
       }
     }
     if (seq_first[0].empty()) return add(hint + "-obj", "\"{\" ws \"}\"");
@@ -531,7 +584,8 @@ class Converter {
   }
   // JSON's encoding of one code point class in GBNF: what may appear raw.
   static std::string cls_escape(unsigned char c) {
-    if (c == ']' || c == '[' || c == '\\' || c == '^' || c == '-' || c == '"') return std::string("\\") + static_cast<char>(c);
+    if (c == ']' || c == '[' || c == '\\' || c == '^' || c == '-' || c == '"')
+      return std::string("\\") + static_cast<char>(c);
     if (c < 0x20 || c == 0x7F) return fmt::format("\\x{:02X}", c);
     return std::string(1, static_cast<char>(c));
   }
@@ -588,7 +642,8 @@ class Converter {
           if (close == std::string::npos) refuse(ptr, "pattern: unclosed '{'");
           const std::string inner = r.substr(i + 1, close - i - 1);
           for (char d : inner)
-            if (!std::isdigit(static_cast<unsigned char>(d)) && d != ',') refuse(ptr, "pattern: a bad {m,n}");
+            if (!std::isdigit(static_cast<unsigned char>(d)) && d != ',')
+              refuse(ptr, "pattern: a bad {m,n}");
           atom += "{" + inner + "}";
           i = close + 1;
         }
@@ -609,16 +664,21 @@ class Converter {
     const char* w = "a-zA-Z0-9_";
     const char* s = " \\t\\n\\r";
     switch (e) {
-      case 'd': return in_class ? d : fmt::format("[{}]", d);
-      case 'w': return in_class ? w : fmt::format("[{}]", w);
-      case 's': return in_class ? s : fmt::format("[{}]", s);
+      case 'd':
+        return in_class ? d : fmt::format("[{}]", d);
+      case 'w':
+        return in_class ? w : fmt::format("[{}]", w);
+      case 's':
+        return in_class ? s : fmt::format("[{}]", s);
       case 'D':
       case 'W':
       case 'S':
         if (in_class) refuse(ptr, "pattern: \\D \\W \\S inside a class are not supported");
         return fmt::format(R"([^{}"\\\x7F\x00-\x1F])", e == 'D' ? d : e == 'W' ? w : s);
-      case 'n': return in_class ? "\\n" : lit("\\n");
-      case 't': return in_class ? "\\t" : lit("\\t");
+      case 'n':
+        return in_class ? "\\n" : lit("\\n");
+      case 't':
+        return in_class ? "\\t" : lit("\\t");
       case 'b':
       case 'B':
       case '1':
@@ -629,10 +689,13 @@ class Converter {
       case '6':
       case '7':
       case '8':
-      case '9': refuse(ptr, fmt::format("pattern: \\{} is not supported", e));
-      default: break;
+      case '9':
+        refuse(ptr, fmt::format("pattern: \\{} is not supported", e));
+      default:
+        break;
     }
-    if (std::isalnum(static_cast<unsigned char>(e))) refuse(ptr, fmt::format("pattern: \\{} is not supported", e));
+    if (std::isalnum(static_cast<unsigned char>(e)))
+      refuse(ptr, fmt::format("pattern: \\{} is not supported", e));
     if (in_class) return cls_escape(static_cast<unsigned char>(e));
     return e == '"' ? lit("\\\"") : e == '\\' ? lit("\\\\") : lit(std::string(1, e));
   }

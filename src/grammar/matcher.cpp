@@ -1,6 +1,8 @@
 // The grammar's pushdown automaton over bytes, the vocabulary trie and the
 // token masks (see grammar.h for the scheme).
 #include <algorithm>
+#include <bit>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -44,8 +46,12 @@ GrammarVocab::GrammarVocab(const Tokenizer& tok) : n_vocab(tok.n_vocab()) {
   const size_t n = static_cast<size_t>(n_vocab);
   pieces.resize(n);
   eog.assign(n, 0);
+  eog_bits.assign((n + 63) / 64, 0);
   for (int32_t id = 0; id < n_vocab; ++id) {
-    if (tok.is_eog(id)) eog[static_cast<size_t>(id)] = 1;
+    if (tok.is_eog(id)) {
+      eog[static_cast<size_t>(id)] = 1;
+      eog_bits[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
+    }
     if (tok.is_text(id)) pieces[static_cast<size_t>(id)] = std::string(tok.piece(id));
   }
   for (int32_t id = 0; id < n_vocab; ++id)
@@ -189,6 +195,42 @@ bool GrammarIndex::accepts(const GrammarStacks& from, std::string_view bytes) co
 // from the stack [escape, top...]. A token whose bytes all fit in the top is
 // accepted; one that needs what lies below (the escape marker reached after
 // e of its bytes) is uncertain, with e; the rest are refused.
+int32_t GrammarIndex::intern(GrammarStacks&& s) const {
+  std::vector<uint32_t> key;
+  for (const GrammarStack& x : s) {
+    key.insert(key.end(), x.begin(), x.end());
+    key.push_back(UINT32_MAX);
+  }
+  auto [it, fresh] = walk_ids_.emplace(std::move(key), static_cast<int32_t>(walk_states_.size()));
+  if (fresh) {
+    walk_states_.push_back(std::move(s));
+    std::array<int32_t, 256> none;
+    none.fill(-1);
+    walk_next_.push_back(none);
+  }
+  return it->second;
+}
+
+int32_t GrammarIndex::step(int32_t state, unsigned char b, bool* escaped) const {
+  int32_t t = walk_next_[static_cast<size_t>(state)][b];
+  if (t < 0) {
+    GrammarStacks out;
+    advance(walk_states_[static_cast<size_t>(state)], b, out);
+    const auto gone = std::remove_if(
+        out.begin(), out.end(), [](const GrammarStack& s) { return !s.empty() && s.back() == 0; });
+    const bool esc = gone != out.end();
+    out.erase(gone, out.end());
+    t = intern(std::move(out)) * 2 + (esc ? 1 : 0);
+    walk_next_[static_cast<size_t>(state)][b] = t;
+  }
+  *escaped = t & 1;
+  return t >> 1;
+}
+
+// The tokens decided by a stack's top positions alone: one walk of the trie
+// from the stack [escape, top...]. A token whose bytes all fit in the top is
+// accepted; one that needs what lies below (the escape marker reached after
+// e of its bytes) is uncertain, with e; the rest are refused.
 GrammarIndex::TopInfo GrammarIndex::classify(std::span<const uint32_t> top) const {
   const GrammarVocab& V = *v_;
   TopInfo info;
@@ -196,29 +238,27 @@ GrammarIndex::TopInfo GrammarIndex::classify(std::span<const uint32_t> top) cons
   auto set = [&](int32_t id) {
     info.accepted[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
   };
-  std::vector<GrammarStacks> lv(1);
+  const int32_t dead = intern(GrammarStacks());
+  GrammarStacks first;
   GrammarStack s0(1, 0);  // position 0: the escape marker
   s0.insert(s0.end(), top.begin(), top.end());
-  expand(s0, lv[0]);
-  normalize(lv[0]);
+  expand(s0, first);
+  normalize(first);
+  std::vector<int32_t> lv(1, intern(std::move(first)));
   std::vector<uint16_t> esc;  // depths on the path where the top was left
-  GrammarStacks tmp;
   const size_t N = V.byte.size();
   for (size_t i = 0; i < N;) {
     const size_t d = V.depth[i];
     lv.resize(d);
     while (!esc.empty() && esc.back() >= d) esc.pop_back();
-    advance(lv[d - 1], V.byte[i], tmp);
-    const auto gone = std::remove_if(
-        tmp.begin(), tmp.end(), [](const GrammarStack& s) { return !s.empty() && s.back() == 0; });
-    const bool escaped = gone != tmp.end();
-    tmp.erase(gone, tmp.end());
+    bool escaped = false;
+    const int32_t nx = step(lv[d - 1], V.byte[i], &escaped);
     if (escaped) esc.push_back(static_cast<uint16_t>(d));
-    if (tmp.empty() && esc.empty()) {
+    if (nx == dead && esc.empty()) {
       i = V.end[i];
       continue;
     }
-    if (tmp.empty()) {
+    if (nx == dead) {
       // Nothing goes on inside the top: every token below is decided by the rest.
       for (size_t j = i; j < V.end[i]; ++j)
         for (uint32_t k = V.tok_begin[j]; k < V.tok_end[j]; ++k) {
@@ -234,8 +274,7 @@ GrammarIndex::TopInfo GrammarIndex::classify(std::span<const uint32_t> top) cons
       continue;
     }
     for (uint32_t k = V.tok_begin[i]; k < V.tok_end[i]; ++k) set(V.ids[k]);
-    lv.push_back(std::move(tmp));
-    tmp = GrammarStacks();
+    lv.push_back(nx);
     ++i;
   }
   return info;
@@ -319,19 +358,25 @@ bool GrammarMatcher::can_continue() const {
 }
 
 int64_t GrammarMatcher::apply(std::span<float> logits) {
+  const auto t0 = std::chrono::steady_clock::now();
   const GrammarVocab& V = idx_->vocab();
   idx_->mask(stacks_, bits_);
   const bool done = complete();
   const size_t nv = std::min(logits.size(), static_cast<size_t>(V.n_vocab));
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   int64_t n = 0;
-  for (size_t i = 0; i < nv; ++i) {
-    const bool ok = ((bits_[i >> 6] >> (i & 63)) & 1) || (done && V.eog[i]);
-    if (ok)
-      ++n;
-    else
-      logits[i] = -std::numeric_limits<float>::infinity();
+  for (size_t w = 0; w * 64 < nv; ++w) {
+    uint64_t m = bits_[w] | (done ? V.eog_bits[w] : 0);
+    const size_t base = w * 64, end = std::min(base + 64, nv);
+    if (end - base < 64) m &= (uint64_t{1} << (end - base)) - 1;
+    n += std::popcount(m);
+    if (m == ~uint64_t{0}) continue;
+    for (size_t i = base; i < end; ++i)
+      if (!((m >> (i - base)) & 1)) logits[i] = kNegInf;
   }
-  for (size_t i = nv; i < logits.size(); ++i) logits[i] = -std::numeric_limits<float>::infinity();
+  for (size_t i = nv; i < logits.size(); ++i) logits[i] = kNegInf;
+  apply_us_.push_back(static_cast<float>(
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count()));
   return n;
 }
 

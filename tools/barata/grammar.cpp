@@ -36,7 +36,8 @@ bool sentence(const GrammarIndex& ix, std::string_view text) {
 int run_grammar(const GrammarArgs& a) {
   std::string gbnf;
   if (!a.json_schema.empty()) {
-    gbnf = json_schema_to_gbnf(std::string_view(read_regular_file(a.json_schema, "JSON schema file")));
+    gbnf =
+        json_schema_to_gbnf(std::string_view(read_regular_file(a.json_schema, "JSON schema file")));
   } else {
     gbnf = read_regular_file(a.grammar_file, "grammar file");
   }
@@ -68,8 +69,9 @@ Command add_grammar(CLI::App& app) {
   auto* j = sub->add_option("--json-schema", a->json_schema, "A JSON Schema file")
                 ->check(CLI::ExistingFile);
   f->excludes(j);
-  sub->add_option("--check", a->check,
-                  "Texts to judge: each is printed as accepted or refused (exit 1 if any is refused)");
+  sub->add_option(
+      "--check", a->check,
+      "Texts to judge: each is printed as accepted or refused (exit 1 if any is refused)");
   sub->callback([sub, f, j] {
     if (f->count() == 0 && j->count() == 0)
       throw CLI::RequiredError("grammar: one of --grammar-file or --json-schema");

@@ -1,4 +1,5 @@
 // barata run: prompt in, tokens streamed out, timings on stderr.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -119,6 +120,15 @@ void report(const RunArgs& a, const Session& s, const std::vector<int32_t>& prom
              s.engine.n_threads(), a.no_cache ? "no KV cache" : "KV cache",
              g.interrupted() ? " | interrupted" : "");
   if (a.spec.any()) fmt::print(stderr, "{}\n", spec_line(g.spec, a.spec, draft_name));
+  if (!g.grammar_us.empty()) {
+    std::vector<float> us = g.grammar_us;
+    std::sort(us.begin(), us.end());
+    const auto at = [&](double q) {
+      return us[static_cast<size_t>(q * static_cast<double>(us.size() - 1))];
+    };
+    fmt::print(stderr, "grammar: {} masks, median {:.0f} us, p99 {:.0f} us, max {:.0f} us\n",
+               us.size(), at(0.5), at(0.99), us.back());
+  }
 }
 
 int run(const RunArgs& a) {
