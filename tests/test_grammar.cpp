@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "barata/error.h"
@@ -203,6 +204,203 @@ TEST(GrammarMask, EqualsBruteForceOnSentencePieceVocabulary) {
   check_masks(test::vocab_path("llama-spm"), read_text(grammar_dir() / "json.gbnf"), 3, 16, 3);
   check_masks(test::vocab_path("llama-spm"), read_text(grammar_dir() / "c.gbnf"), 2, 16, 4);
   check_masks(test::vocab_path("llama-spm"), read_text(grammar_dir() / "japanese.gbnf"), 2, 8, 5);
+}
+
+}  // namespace
+}  // namespace barata
+
+namespace barata {
+namespace {
+
+GrammarIndex schema_index(std::string_view schema) {
+  return GrammarIndex(Grammar::parse(json_schema_to_gbnf(schema)), nullptr);
+}
+
+TEST(JsonSchema, ObjectsFollowPropertiesRequiredAndAdditional) {
+  const auto ix = schema_index(R"({"type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 5},
+                   "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                   "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2}},
+    "required": ["name", "age"]})");
+  for (const char* ok :
+       {R"({"name": "Al", "age": 30})", R"({"name":"Al","age":0,"tags":[]})",
+        "{\n  \"name\": \"\\u00e9\",\n  \"age\": 120,\n  \"tags\": [\"a\", \"b\"]\n}"})
+    EXPECT_TRUE(matches(ix, ok)) << ok;
+  for (const char* bad :
+       {R"({"age": 3})", R"({"name": "Al"})", R"({"age": 3, "name": "Al"})",
+        R"({"name": "Al", "age": 121})", R"({"name": "Al", "age": -1})",
+        R"({"name": "Alfred", "age": 1})", R"({"name": "Al", "age": 1, "x": 1})",
+        R"({"name": "Al", "age": 1, "tags": ["a", "b", "c"]})", R"({"name": "Al", "age": 01})"})
+    EXPECT_FALSE(matches(ix, bad)) << bad;
+
+  const auto extra = schema_index(
+      R"({"properties": {"a": {"type": "boolean"}}, "additionalProperties": {"type": "integer"}})");
+  EXPECT_TRUE(matches(extra, R"({"a": true, "b": 1, "c": -2})"));
+  EXPECT_TRUE(matches(extra, R"({})"));
+  EXPECT_TRUE(matches(extra, R"({"b": 1})"));
+  EXPECT_FALSE(matches(extra, R"({"a": true, "b": "x"})"));
+  const auto any = schema_index(R"({"type": "object"})");
+  EXPECT_TRUE(matches(any, R"({"k": [1, {"x": null}], "z": "s"})"));
+  EXPECT_FALSE(matches(any, R"([1])"));
+}
+
+// Every integer in [-1100, 1100] against each range, so that the digit
+// grammars of the bounds are right at every carry.
+TEST(JsonSchema, IntegerBoundsAreExact) {
+  struct R {
+    std::string schema;
+    int64_t lo, hi;
+  };
+  const std::vector<R> ranges = {
+      {R"({"type":"integer","minimum":0,"maximum":120})", 0, 120},
+      {R"({"type":"integer","minimum":7,"maximum":7})", 7, 7},
+      {R"({"type":"integer","minimum":19,"maximum":1001})", 19, 1001},
+      {R"({"type":"integer","minimum":-37,"maximum":205})", -37, 205},
+      {R"({"type":"integer","minimum":-1050,"maximum":-99})", -1050, -99},
+      {R"({"type":"integer","exclusiveMinimum":9,"exclusiveMaximum":100})", 10, 99},
+      {R"({"type":"integer","minimum":995})", 995, INT64_MAX},
+      {R"({"type":"integer","maximum":-3})", INT64_MIN, -3},
+      {R"({"type":"integer","maximum":42})", INT64_MIN, 42},
+      {R"({"type":"integer","minimum":-8})", -8, INT64_MAX},
+  };
+  for (const R& r : ranges) {
+    SCOPED_TRACE(r.schema);
+    const auto ix = schema_index(r.schema);
+    int wrong = 0;
+    for (int64_t v = -1100; v <= 1100; ++v) {
+      const bool want = v >= r.lo && v <= r.hi;
+      if (matches(ix, std::to_string(v)) != want && ++wrong < 5) ADD_FAILURE() << v;
+    }
+    EXPECT_EQ(wrong, 0);
+    EXPECT_FALSE(matches(ix, "-0"));
+    EXPECT_FALSE(matches(ix, "1.0"));
+  }
+}
+
+TEST(JsonSchema, EnumsUnionsRefsArraysStringsFormats) {
+  const auto e = schema_index(R"({"enum": ["red", 3, null, {"a": [true]}]})");
+  for (const char* ok : {R"("red")", "3", "null", R"({"a":[true]})"}) EXPECT_TRUE(matches(e, ok));
+  EXPECT_FALSE(matches(e, R"("blue")"));
+  const auto c = schema_index(R"({"const": "x\"y"})");
+  EXPECT_TRUE(matches(c, R"("x\"y")"));
+
+  const auto u = schema_index(
+      R"({"anyOf": [{"type": "string", "format": "date"}, {"type": ["integer", "null"]}]})");
+  for (const char* ok : {R"("2024-02-29")", "12", "null"}) EXPECT_TRUE(matches(u, ok)) << ok;
+  for (const char* bad : {R"("2024-13-01")", R"("2024-1-01")", "true", "1.5"})
+    EXPECT_FALSE(matches(u, bad)) << bad;
+  const auto n = schema_index(R"({"type": "number", "nullable": true})");
+  for (const char* ok : {"-1.5e3", "0", "null", "2.25"}) EXPECT_TRUE(matches(n, ok)) << ok;
+  EXPECT_FALSE(matches(n, "01"));
+
+  const auto tree = schema_index(R"({"$defs": {"node": {"type": "object",
+      "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+      "required": ["v"]}}, "$ref": "#/$defs/node"})");
+  EXPECT_TRUE(matches(tree, R"({"v": 1, "kids": [{"v": 2}, {"v": 3, "kids": [{"v": 4}]}]})"));
+  EXPECT_FALSE(matches(tree, R"({"v": 1, "kids": [{"w": 2}]})"));
+
+  const auto arr = schema_index(
+      R"({"type": "array", "items": {"type": "boolean"}, "minItems": 2, "maxItems": 3})");
+  EXPECT_FALSE(matches(arr, "[true]"));
+  EXPECT_TRUE(matches(arr, "[true, false]"));
+  EXPECT_TRUE(matches(arr, "[true,false,true]"));
+  EXPECT_FALSE(matches(arr, "[true,false,true,true]"));
+  const auto tup = schema_index(
+      R"({"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": false})");
+  EXPECT_TRUE(matches(tup, R"(["a", 1])"));
+  EXPECT_FALSE(matches(tup, R"(["a", 1, 2])"));
+  EXPECT_FALSE(matches(tup, R"([1, "a"])"));
+
+  const auto len = schema_index(R"({"type": "string", "minLength": 2, "maxLength": 3})");
+  EXPECT_FALSE(matches(len, R"("a")"));
+  EXPECT_TRUE(matches(len, R"("ab")"));
+  EXPECT_TRUE(matches(len, R"("a\nb")"));  // an escape is one character
+  EXPECT_FALSE(matches(len, R"("abcd")"));
+  const auto id = schema_index(R"({"type": "string", "format": "uuid"})");
+  EXPECT_TRUE(matches(id, R"("123e4567-e89b-12d3-a456-426614174000")"));
+  EXPECT_FALSE(matches(id, R"("123e4567e89b12d3a456426614174000")"));
+  const auto dt = schema_index(R"({"type": "string", "format": "date-time"})");
+  EXPECT_TRUE(matches(dt, R"("2024-05-01T13:45:00Z")"));
+  EXPECT_TRUE(matches(dt, R"("2024-05-01T13:45:00.123+02:00")"));
+  EXPECT_FALSE(matches(dt, R"("2024-05-01 13:45:00Z")"));
+}
+
+TEST(JsonSchema, PatternsAreRegularExpressions) {
+  const auto a = schema_index(R"({"type": "string", "pattern": "^[A-Z][a-z]+(-[0-9]{2,3})?$"})");
+  for (const char* ok : {R"("Ab")", R"("Hello-12")", R"("Hello-123")"})
+    EXPECT_TRUE(matches(a, ok)) << ok;
+  for (const char* bad : {R"("ab")", R"("Hello-1")", R"("Hello-1234")", R"("A")"})
+    EXPECT_FALSE(matches(a, bad)) << bad;
+  // Unanchored ends match anything, as JSON Schema's patterns do.
+  const auto b = schema_index(R"({"type": "string", "pattern": "\\d{3}"})");
+  EXPECT_TRUE(matches(b, R"("x123y")"));
+  EXPECT_TRUE(matches(b, R"("456")"));
+  EXPECT_FALSE(matches(b, R"("12a3")"));
+  const auto c = schema_index(R"({"type": "string", "pattern": "^(cat|dog)s?\\.$"})");
+  EXPECT_TRUE(matches(c, R"("dogs.")"));
+  EXPECT_FALSE(matches(c, R"("dogsx")"));
+  const auto d = schema_index(R"({"type": "string", "pattern": "^[^,]+$"})");
+  EXPECT_TRUE(matches(d, R"("a b")"));
+  EXPECT_FALSE(matches(d, R"("a,b")"));
+  EXPECT_FALSE(matches(d, "\"a\"b\""));
+}
+
+TEST(JsonSchema, WhatItCannotExpressIsNamedWithItsPointer) {
+  auto msg = [](std::string_view s) {
+    try {
+      json_schema_to_gbnf(s);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(msg(R"({"type": "object", "properties": {"a": {"type": "string", "not": {}}}})"),
+            "json schema: the keyword 'not' is not supported at #/properties/a/not");
+  EXPECT_EQ(msg(R"({"type": "string", "format": "email"})"),
+            "json schema: the string format 'email' is not supported at #/format");
+  EXPECT_EQ(msg(R"({"$ref": "#/$defs/missing"})"),
+            "json schema: $ref '#/$defs/missing' names no definition at #/$ref");
+  EXPECT_EQ(msg(R"({"type": "widget"})"), "json schema: unknown type 'widget' at #/type");
+  EXPECT_EQ(msg(R"({"type": "integer", "minimum": 5, "maximum": 2})"),
+            "json schema: an integer range with no member at #");
+  EXPECT_EQ(msg(R"x({"type": "string", "pattern": "(?=a)"})x"),
+            "json schema: pattern: lookarounds and named groups are not supported at #/pattern");
+  EXPECT_EQ(msg(R"({"allOf": [{}, {}]})"),
+            "json schema: allOf with more than one schema is not supported at #/allOf");
+  EXPECT_EQ(msg("{\"type\": "), msg("{\"type\": "));  // not JSON: one message
+  EXPECT_NE(msg("{\"type\": ").find("json schema: not JSON"), std::string::npos);
+  std::string deep;
+  for (int i = 0; i < 70; ++i) deep += R"({"type": "array", "items": )";
+  deep += "{}";
+  for (int i = 0; i < 70; ++i) deep += "}";
+  EXPECT_NE(msg(deep).find("schemas nest deeper than 64 levels"), std::string::npos);
+}
+
+TEST(Gbnf, HostileGrammarsAreRefusedNotCrashed) {
+  auto msg = [](const std::string& g) {
+    try {
+      Grammar::parse(g);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(msg("root ::= " + std::string(300, '(') + "\"a\"" + std::string(300, ')'))
+                .find("groups nest deeper than 200"),
+            std::string::npos);
+  EXPECT_NE(msg("root ::= \"" + std::string(300, 'a') + "\"{10000}").find("write out more than"),
+            std::string::npos);
+  // A chain of rules longer than expansion may follow.
+  std::string chain = "root ::= r0\n";
+  for (int i = 0; i < 3000; ++i) chain += fmt::format("r{} ::= r{}\n", i, i + 1);
+  chain += "r3000 ::= \"x\"\n";
+  auto g = Grammar::parse(chain);
+  try {
+    GrammarIndex(g, nullptr).initial();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nest more than 1000 deep"), std::string::npos);
+  }
 }
 
 }  // namespace

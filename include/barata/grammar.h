@@ -119,7 +119,7 @@ class GrammarIndex {
   // state, so a walk is a table lookup per trie node).
   int32_t intern(GrammarStacks&& s) const;
   int32_t step(int32_t state, unsigned char b, bool* escaped) const;
-  void expand(GrammarStack& s, GrammarStacks& out) const;
+  void expand(GrammarStack& s, GrammarStacks& out, int depth = 0) const;
   bool accepts(const GrammarStacks& from, std::string_view bytes) const;
 
   std::shared_ptr<const Grammar> g_;

@@ -22,7 +22,9 @@ using ByteSet = Grammar::ByteSet;
 using Seq = std::vector<Elem>;
 
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
-constexpr int kMaxRepeat = 10000;  // {m,n} bounds beyond this are refused
+constexpr int kMaxRepeat = 10000;              // {m,n} bounds beyond this are refused
+constexpr int kMaxNesting = 200;               // groups inside groups
+constexpr size_t kMaxElems = size_t{1} << 21;  // repetitions written out, in all
 
 struct Builder {
   std::vector<std::vector<Seq>> rules;  // per rule, its alternatives
@@ -403,6 +405,9 @@ class Parser {
   void repeat(std::string_view rule, Seq& out, size_t last_start, int mn, int mx, size_t at) {
     if (last_start >= out.size()) error(at, "a repetition with nothing before it");
     const Seq item(out.begin() + static_cast<std::ptrdiff_t>(last_start), out.end());
+    written_ += item.size() * static_cast<size_t>(std::max(mn, mx) + 1);
+    if (written_ > kMaxElems)
+      error(at, fmt::format("the repetitions write out more than {} elements", kMaxElems));
     out.resize(last_start);
     for (int i = 0; i < mn; ++i) out.insert(out.end(), item.begin(), item.end());
     if (mx < 0) {
@@ -462,8 +467,11 @@ class Parser {
       } else if (c == '(') {
         ++pos_;
         skip_space(true);
+        if (++depth_ > kMaxNesting)
+          error(at, fmt::format("groups nest deeper than {}", kMaxNesting));
         const uint32_t g = b_.generated(std::string(rule), static_cast<int>(at));
         b_.rules[g] = alternatives(rule, true);
+        --depth_;
         if (peek() != ')') error(at, "unclosed '('");
         ++pos_;
         last = out.size();
@@ -506,6 +514,8 @@ class Parser {
   std::string_view s_;
   Builder& b_;
   size_t pos_ = 0;
+  int depth_ = 0;
+  size_t written_ = 0;
 };
 
 }  // namespace

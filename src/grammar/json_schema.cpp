@@ -175,8 +175,8 @@ class Converter {
       const std::string p(pre);
       if (ref.rfind(p, 0) == 0) {
         const std::string key = ref.substr(p.size());
-        const json& defs = root_.value(p.substr(2, p.size() - 3), json::object());
-        if (defs.is_object() && defs.contains(key)) return defs.at(key);
+        const auto defs = root_.find(p.substr(2, p.size() - 3));
+        if (defs != root_.end() && defs->is_object() && defs->contains(key)) return defs->at(key);
         refuse(ptr + "/$ref", fmt::format("$ref '{}' names no definition", ref));
       }
     }
@@ -185,6 +185,13 @@ class Converter {
   }
 
   std::string visit(const json& s, const std::string& ptr, const std::string& hint) {
+    struct Depth {
+      int& d;
+      explicit Depth(int& x) : d(x) { ++d; }
+      ~Depth() { --d; }
+    } depth(depth_);
+    if (depth_ > 64) refuse(ptr, "schemas nest deeper than 64 levels");
+    if (rules_.size() > 20000) refuse(ptr, "the schema makes more than 20000 rules");
     if (s.is_boolean()) {
       if (!s.get<bool>()) refuse(ptr, "the schema false (nothing matches)");
       return prim("value");
@@ -608,7 +615,9 @@ class Converter {
           i += 2;
         else if (i < r.size() && r[i] == '?')
           refuse(ptr, "pattern: lookarounds and named groups are not supported");
+        if (++regex_depth_ > 64) refuse(ptr, "pattern: groups nest deeper than 64");
         atom = "(" + regex_alt(r, i, ptr) + ")";
+        --regex_depth_;
         if (i >= r.size() || r[i] != ')') refuse(ptr, "pattern: unclosed '('");
         ++i;
       } else if (c == '[') {
@@ -736,6 +745,7 @@ class Converter {
   }
 
   const json& root_;
+  int depth_ = 0, regex_depth_ = 0;
   std::map<std::string, std::string> rules_;
   std::map<std::string, std::string> refs_;
 };

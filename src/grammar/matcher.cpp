@@ -24,6 +24,7 @@ using Kind = Grammar::Kind;
 constexpr size_t kTopDepth = 3;
 constexpr size_t kMaxStacks = 4096;  // more: an ambiguous grammar, refused
 constexpr size_t kMaskCacheSize = 512;
+constexpr int kMaxExpandDepth = 1000;  // rule references followed without a byte
 
 void normalize(GrammarStacks& s) {
   std::sort(s.begin(), s.end());
@@ -119,7 +120,9 @@ size_t GrammarIndex::VecHash::operator()(const std::vector<uint32_t>& v) const {
 // Replaces a stack whose top is a reference or an ended alternative by the
 // stacks whose tops are byte sets (or the escape marker, or nothing left:
 // the start rule is complete), into out.
-void GrammarIndex::expand(GrammarStack& s, GrammarStacks& out) const {
+void GrammarIndex::expand(GrammarStack& s, GrammarStacks& out, int depth) const {
+  if (depth > kMaxExpandDepth)
+    fail("grammar: rules nest more than {} deep without taking a byte", kMaxExpandDepth);
   if (s.empty()) {
     out.push_back(s);
     return;
@@ -133,7 +136,7 @@ void GrammarIndex::expand(GrammarStack& s, GrammarStacks& out) const {
       return;
     case Kind::kEnd:
       s.pop_back();
-      expand(s, out);
+      expand(s, out, depth + 1);
       s.push_back(p);
       return;
     case Kind::kRef: {
@@ -142,7 +145,7 @@ void GrammarIndex::expand(GrammarStack& s, GrammarStacks& out) const {
       if (more) s.push_back(p + 1);
       for (uint32_t a : g_->alts[e.arg]) {
         s.push_back(a);
-        expand(s, out);
+        expand(s, out, depth + 1);
         s.pop_back();
       }
       if (more) s.pop_back();

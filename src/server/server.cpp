@@ -25,6 +25,7 @@
 
 #include "barata/engine.h"
 #include "barata/error.h"
+#include "barata/grammar.h"
 #include "barata/scheduler.h"
 #include "barata/tokenizer.h"
 #include "http_front.h"
@@ -190,7 +191,11 @@ struct Server::Impl {
 
   void setup_routes();
   void handle_generate(const httplib::Request& req, httplib::Response& res, Kind kind);
-  std::shared_ptr<Job> parse_job(const json& body, Kind kind);
+  std::shared_ptr<Job> parse_job(const json& body, std::string_view raw, Kind kind);
+  // response_format (chat), or llama-server's "grammar" / "json_schema": the
+  // request's grammar, or null.
+  std::shared_ptr<const GrammarIndex> parse_constraint(const json& body, std::string_view raw,
+                                                       Kind kind);
   void engine_loop();
   std::string metrics_text();
 };
@@ -331,7 +336,69 @@ void Server::Impl::setup_routes() {
   });
 }
 
-std::shared_ptr<Job> Server::Impl::parse_job(const json& body, Kind kind) {
+std::shared_ptr<const GrammarIndex> Server::Impl::parse_constraint(const json& body,
+                                                                   std::string_view raw,
+                                                                   Kind kind) {
+  // Schemas are read again from the raw body with their keys in order: a
+  // schema's properties are written in the order it lists them.
+  auto ordered = [&](auto&& path) {
+    nlohmann::ordered_json o = nlohmann::ordered_json::parse(raw);
+    for (const char* k : path) o = nlohmann::ordered_json(o.at(k));
+    return o;
+  };
+  std::string gbnf, where;
+  const json& g = field(body, "grammar");
+  const json& js = field(body, "json_schema");
+  const json& rf = kind == Kind::kChat ? field(body, "response_format") : json();
+  const int given = !g.is_null() + !js.is_null() + (!rf.is_null() && rf != json{{"type", "text"}});
+  if (given > 1)
+    bad_request("give one of 'response_format', 'grammar' and 'json_schema'",
+                !rf.is_null() ? "response_format" : "grammar");
+  try {
+    if (!g.is_null()) {
+      where = "grammar";
+      if (!g.is_string()) bad_request("'grammar' must be a string (GBNF)", where);
+      gbnf = g.get<std::string>();
+    } else if (!js.is_null()) {
+      where = "json_schema";
+      if (!js.is_object() && !js.is_boolean())
+        bad_request("'json_schema' must be a JSON Schema (an object)", where);
+      gbnf = json_schema_to_gbnf(ordered(std::array{"json_schema"}));
+    } else if (!rf.is_null()) {
+      where = "response_format";
+      if (!rf.is_object() || !field(rf, "type").is_string())
+        bad_request("'response_format' must be an object with a string 'type'", where);
+      const std::string type = rf.at("type").get<std::string>();
+      if (type == "text") return nullptr;
+      if (type == "json_object") {
+        gbnf = json_object_gbnf();
+      } else if (type == "json_schema") {
+        const json& spec = field(rf, "json_schema");
+        if (!spec.is_object() || field(spec, "schema").is_null())
+          bad_request("response_format: 'json_schema' must be an object with a 'schema'", where);
+        for (auto it = spec.begin(); it != spec.end(); ++it)
+          if (it.key() != "name" && it.key() != "schema" && it.key() != "strict" &&
+              it.key() != "description")
+            bad_request(fmt::format("response_format.json_schema: unknown field '{}'",
+                                    printable(it.key(), 80)),
+                        where);
+        gbnf = json_schema_to_gbnf(ordered(std::array{"response_format", "json_schema", "schema"}));
+      } else {
+        bad_request(fmt::format("response_format: type '{}' is not one of text, json_object, "
+                                "json_schema",
+                                printable(type, 80)),
+                    where);
+      }
+    } else {
+      return nullptr;
+    }
+    return grammar_index(gbnf, *tok);
+  } catch (const Error& e) {
+    bad_request(printable(e.what(), 400), where);
+  }
+}
+
+std::shared_ptr<Job> Server::Impl::parse_job(const json& body, std::string_view raw, Kind kind) {
   if (!body.is_object()) bad_request("the request body must be a JSON object");
   static const std::vector<std::string> kCommon = {"model",
                                                    "stream",
@@ -346,7 +413,9 @@ std::shared_ptr<Job> Server::Impl::parse_job(const json& body, Kind kind) {
                                                    "presence_penalty",
                                                    "frequency_penalty",
                                                    "logprobs",
-                                                   "logit_bias"};
+                                                   "logit_bias",
+                                                   "grammar",
+                                                   "json_schema"};
   std::vector<std::string> known = kCommon;
   if (kind == Kind::kChat) {
     for (const char* k :
@@ -385,10 +454,6 @@ std::shared_ptr<Job> Server::Impl::parse_job(const json& body, Kind kind) {
     only_default(body, "tool_choice", "none");
     only_default(body, "parallel_tool_calls", true);
     only_default(body, "store", false);
-    const json& rf = field(body, "response_format");
-    if (!rf.is_null() && rf != json{{"type", "text"}})
-      bad_request("'response_format' other than {\"type\":\"text\"} is not supported",
-                  "response_format");
   } else {
     only_default(body, "logprobs", nullptr);
     only_default(body, "echo", false);
@@ -417,6 +482,7 @@ std::shared_ptr<Job> Server::Impl::parse_job(const json& body, Kind kind) {
   if (kind == Kind::kChat)
     if (auto m = integer_in(body, "max_completion_tokens", 1, 1LL << 40)) max_tokens = m;
   job->req.stop = parse_stop(body);
+  job->req.grammar = parse_constraint(body, raw, kind);
 
   // The prompt.
   const bool bos = tok->add_bos_default();
@@ -564,7 +630,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
       bad_request(
           fmt::format("Content-Type must be application/json, not '{}'", printable(ct, 80)));
     const json body = parse_body(req.body);
-    job = parse_job(body, kind);
+    job = parse_job(body, req.body, kind);
     job->t_arrival = Clock::now();
     {
       std::lock_guard<std::mutex> l(inbox_m);
