@@ -21,8 +21,8 @@ namespace {
 
 std::shared_ptr<const barata::GrammarVocab> vocab() {
   static const std::shared_ptr<const barata::GrammarVocab> v = [] {
-    const barata::GgufFile f = barata::GgufFile::open(
-        std::filesystem::path(BARATA_SOURCE_DIR) / "tests/data/models/stories260K.gguf");
+    const barata::GgufFile f = barata::GgufFile::open(std::filesystem::path(BARATA_SOURCE_DIR) /
+                                                      "tests/data/models/stories260K.gguf");
     const barata::Tokenizer tok = barata::Tokenizer::from_gguf(f);
     return std::make_shared<const barata::GrammarVocab>(tok);
   }();
@@ -36,8 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t mode = data[0];
   const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
   try {
-    const std::string gbnf =
-        (mode & 1) ? barata::json_schema_to_gbnf(text) : std::string(text);
+    const std::string gbnf = (mode & 1) ? barata::json_schema_to_gbnf(text) : std::string(text);
     auto ix = std::make_shared<barata::GrammarIndex>(barata::Grammar::parse(gbnf), vocab());
     barata::GrammarMatcher m(ix);
     std::vector<uint64_t> fast, slow;
@@ -50,7 +49,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (size_t i = 0; i < fast.size() * 64; ++i)
         if ((fast[i >> 6] >> (i & 63)) & 1) ok.push_back(static_cast<int32_t>(i));
       if (ok.empty()) break;
-      const int32_t pick = ok[(static_cast<size_t>(mode >> 1) + static_cast<size_t>(step) * 7) % ok.size()];
+      const int32_t pick =
+          ok[(static_cast<size_t>(mode >> 1) + static_cast<size_t>(step) * 7) % ok.size()];
       if (!m.accept(pick)) std::abort();
     }
   } catch (const barata::Error&) {

@@ -1,0 +1,184 @@
+"""Structured output through the openai client against barata serve, on
+SmolLM2-135M and Qwen2.5-Coder-0.5B: a suite of JSON Schemas (nested
+objects, arrays, enums, patterns, formats, integer bounds, $ref recursion,
+nullable unions) x greedy and two seeded samples, each reply parsed with
+Python's json and validated with jsonschema: 100% must pass. The same
+prompts without response_format are counted too (printed, not asserted):
+what the constraint buys. Then json_object mode, a streamed reply equal to
+the plain one, llama-server's "grammar" field, and the 400s naming what is
+wrong."""
+import concurrent.futures as cf
+import json
+import os
+
+import jsonschema
+import openai
+
+from common import ROOT, SMOLLM2, Server, check
+
+QWEN = os.path.join(ROOT, "models", "Qwen2.5-Coder-0.5B-Instruct.gguf")
+
+S = lambda n, **kw: {"type": "string", "maxLength": n, **kw}  # noqa: E731
+SCHEMAS = {
+    "person": {
+        "type": "object",
+        "properties": {
+            "name": S(24),
+            "age": {"type": "integer", "minimum": 0, "maximum": 130},
+            "email": {"type": ["string", "null"], "maxLength": 40},
+            "address": {"type": "object",
+                        "properties": {"city": S(24), "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                        "required": ["city", "zip"]},
+        },
+        "required": ["name", "age", "address"],
+    },
+    "inventory": {
+        "type": "object",
+        "properties": {
+            "items": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
+                "type": "object",
+                "properties": {"sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$"},
+                               "qty": {"type": "integer", "minimum": 1, "maximum": 99},
+                               "status": {"enum": ["in_stock", "backorder", "discontinued"]}},
+                "required": ["sku", "qty", "status"]}},
+        },
+        "required": ["items"],
+    },
+    "event": {
+        "type": "object",
+        "properties": {
+            "title": S(30),
+            "date": {"type": "string", "format": "date"},
+            "start": {"type": "string", "format": "time"},
+            "id": {"type": "string", "format": "uuid"},
+            "online": {"type": "boolean"},
+            "price": {"anyOf": [{"type": "number", "minimum": 0}, {"type": "null"}]},
+        },
+        "required": ["title", "date", "id", "online"],
+    },
+    "tree": {
+        # $ref through two levels (a recursive node could nest past max_tokens).
+        "$defs": {"leaf": {"type": "object", "properties": {"label": S(12)}, "required": ["label"]},
+                  "node": {"type": "object",
+                           "properties": {"label": S(12),
+                                          "children": {"type": "array", "maxItems": 3,
+                                                       "items": {"$ref": "#/$defs/leaf"}}},
+                           "required": ["label", "children"]}},
+        "type": "object",
+        "properties": {"root": {"$ref": "#/$defs/node"}, "depth": {"type": "integer", "minimum": 1, "maximum": 5}},
+        "required": ["root", "depth"],
+    },
+    "answer": {
+        "type": "object",
+        "properties": {"verdict": {"const": "final"}, "score": {"type": "integer", "minimum": -10, "maximum": 10},
+                       "tags": {"type": "array", "items": S(10), "maxItems": 3},
+                       "note": {"type": "string", "minLength": 1, "maxLength": 40}},
+        "required": ["verdict", "score", "tags"],
+        "additionalProperties": False,
+    },
+    "tuple": {"type": "array", "prefixItems": [S(16), {"type": "integer", "minimum": 0, "maximum": 999},
+                                               {"type": "boolean"}], "items": False},
+}
+PROMPTS = {
+    "person": "Describe a fictional person as JSON (name, age, email, address with city and zip).",
+    "inventory": "Give a JSON inventory of up to three warehouse items with sku, qty and status.",
+    "event": "Describe a conference event as JSON: title, date, start time, id, online, price.",
+    "tree": "Give a small tree of animal categories as JSON, with labels and children, and its depth.",
+    "answer": "Grade the sentence 'the cat sat on the mat' as JSON with a verdict, score and tags.",
+    "tuple": "Give a JSON array of a city name, its rank and whether it is a capital.",
+}
+SAMPLINGS = [dict(temperature=0), dict(temperature=0.8, seed=1), dict(temperature=1.0, seed=2)]
+MAX_TOKENS = 320
+
+
+def valid(schema, text):
+    try:
+        jsonschema.validate(json.loads(text), schema)
+        return True
+    except (ValueError, jsonschema.ValidationError):
+        return False
+
+
+def run_model(path, label):
+    with Server("--slots", "4", "-t", "2", "-c", "2048", model=path) as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+        def ask(name, samp, constrained):
+            msgs = [{"role": "user", "content": PROMPTS[name] + " Schema: " + json.dumps(SCHEMAS[name])}]
+            extra = {}
+            if constrained:
+                extra["response_format"] = {"type": "json_schema",
+                                            "json_schema": {"name": name, "schema": SCHEMAS[name]}}
+            r = c.chat.completions.create(model="x", messages=msgs, max_tokens=MAX_TOKENS, **samp, **extra)
+            return name, samp, r.choices[0].message.content, r.choices[0].finish_reason
+
+        jobs = [(n, samp, True) for n in SCHEMAS for samp in SAMPLINGS]
+        jobs += [(n, SAMPLINGS[0], False) for n in SCHEMAS]
+        with cf.ThreadPoolExecutor(4) as ex:
+            results = list(ex.map(lambda j: (j[2], *ask(*j)), jobs))
+        good = bad = free_good = free_n = 0
+        for constrained, name, samp, text, finish in results:
+            ok = valid(SCHEMAS[name], text)
+            if constrained:
+                if ok and finish == "stop":
+                    good += 1
+                else:
+                    bad += 1
+                    print(f"INVALID ({label}, {name}, {samp}, finish {finish}): {text!r}")
+            else:
+                free_n += 1
+                free_good += ok
+        check(bad == 0, f"{label}: {good} of {good + bad} constrained replies parse and validate "
+                        f"({len(SCHEMAS)} schemas x {len(SAMPLINGS)} samplings), all ending with 'stop'")
+        print(f"{label}: without response_format, {free_good} of {free_n} greedy replies were valid")
+
+        # Greedy replies are the same streamed.
+        msgs = [{"role": "user", "content": PROMPTS["person"]}]
+        rf = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMAS["person"]}}
+        plain = c.chat.completions.create(model="x", messages=msgs, max_tokens=MAX_TOKENS, temperature=0,
+                                          response_format=rf).choices[0].message.content
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+            model="x", messages=msgs, max_tokens=MAX_TOKENS, temperature=0, response_format=rf, stream=True)
+            if ch.choices)
+        check(streamed == plain, f"{label}: the streamed schema reply equals the plain one")
+
+        obj = c.chat.completions.create(model="x", messages=[{"role": "user", "content": "Say hello."}],
+                                        max_tokens=120, temperature=0.7, seed=3,
+                                        response_format={"type": "json_object"})
+        text = obj.choices[0].message.content
+        check(obj.choices[0].finish_reason != "stop" or isinstance(json.loads(text), dict),
+              f"{label}: json_object mode gives an object: {text[:60]!r}")
+        return s.url
+
+
+run_model(SMOLLM2, "SmolLM2-135M")
+if os.path.exists(QWEN):
+    run_model(QWEN, "Qwen2.5-Coder-0.5B")
+else:
+    raise SystemExit(f"error: {QWEN} is absent: run scripts/fetch-qwen2.sh")
+
+with Server("--slots", "2", "-t", "2") as s:
+    c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+    g = c.completions.create(model="x", prompt="Three colours:", max_tokens=40, temperature=0,
+                             extra_body={"grammar": 'root ::= ("- " [a-z]{1,10} "\\n"){3}'})
+    lines = g.choices[0].text.split("\n")
+    check(g.choices[0].finish_reason == "stop" and len(lines) == 4 and all(x.startswith("- ") for x in lines[:3]),
+          f"a GBNF grammar on /v1/completions: {g.choices[0].text!r}")
+
+    def bad(what, **body):
+        try:
+            c.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=4, **body)
+        except openai.BadRequestError as e:
+            return e.body.get("message", "") if isinstance(e.body, dict) else str(e)
+        raise AssertionError(f"{what}: no 400")
+
+    m = bad("not", response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"not": {}}}}}})
+    check("'not'" in m and "#/properties/a/not" in m, f"an unsupported keyword is named: {m}")
+    m = bad("grammar", extra_body={"grammar": "root ::= [a-"})
+    check("line 1, column 10" in m, f"a bad grammar's position is named: {m}")
+    m = bad("type", response_format={"type": "xml"})
+    check("xml" in m, f"an unknown response_format type: {m}")
+    m = bad("both", response_format={"type": "json_object"}, extra_body={"grammar": 'root ::= "a"'})
+    check("one of" in m, f"two constraints at once: {m}")
+    check(s.proc.poll() is None, "the server is still up after the bad requests")
