@@ -1,5 +1,8 @@
 #include "barata/workload.h"
 
+#include "barata/error.h"
+#include "barata/grammar.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -20,8 +23,9 @@ using nlohmann::json;
 
 // ---- JSONL ------------------------------------------------------------------
 
-const char* const kKeys[] = {"prompt", "id",   "max_tokens", "temperature", "top_k",     "top_p",
-                             "min_p",  "seed", "ignore_eos", "stop",        "arrival_ms"};
+const char* const kKeys[] = {"prompt",     "id",      "max_tokens", "temperature", "top_k",
+                             "top_p",      "min_p",   "seed",       "ignore_eos",  "stop",
+                             "arrival_ms", "grammar", "json_schema"};
 
 std::string known_keys() {
   std::string s;
@@ -122,6 +126,27 @@ RequestSpec parse_line(const LineContext& c, std::string_view text, int64_t inde
       if (!s.is_string() || s.get<std::string>().empty())
         c.fail("\"stop\" must hold non-empty strings, found {}", printable(s.dump(), 60));
       r.stop.push_back(s.get<std::string>());
+    }
+  }
+  if (j.contains("grammar") && j.contains("json_schema"))
+    c.fail("give \"grammar\" or \"json_schema\", not both");
+  if (j.contains("grammar")) {
+    if (!j["grammar"].is_string()) c.fail("\"grammar\" must be a string (GBNF)");
+    r.grammar = j["grammar"].get<std::string>();
+  }
+  if (j.contains("json_schema")) {
+    // Read again with its keys in order: properties are written as listed.
+    try {
+      r.grammar = json_schema_to_gbnf(nlohmann::ordered_json::parse(text)["json_schema"]);
+    } catch (const Error& e) {
+      c.fail("\"json_schema\": {}", e.what());
+    }
+  }
+  if (!r.grammar.empty()) {
+    try {
+      Grammar::parse(r.grammar);
+    } catch (const Error& e) {
+      c.fail("\"grammar\": {}", e.what());
     }
   }
   if (j.contains("arrival_ms")) {

@@ -12,6 +12,7 @@
 #include "barata/engine.h"
 #include "barata/error.h"
 #include "barata/model.h"
+#include "barata/grammar.h"
 #include "barata/scheduler.h"
 #include "barata/speculative.h"
 #include "barata/tokenizer.h"
@@ -827,6 +828,87 @@ TEST(SchedulerEngine, StopStringsWithoutATokenizerFailTheRequest) {
   s.submit(r);
   EXPECT_EQ(s.sequence(0).status, SeqStatus::kFailed);
   EXPECT_TRUE(s.idle());
+}
+
+}  // namespace
+}  // namespace barata
+
+namespace barata {
+namespace {
+
+// The pieces' bytes, a sentence of the grammar when complete (else a prefix).
+bool sentence_or_prefix(const GrammarIndex& ix, const Tokenizer& tok, std::span<const int32_t> ids,
+                        bool complete) {
+  GrammarStacks st = ix.initial(), nx;
+  for (int32_t id : ids) {
+    if (tok.is_eog(id)) break;
+    for (unsigned char c : tok.token_to_piece(id)) {
+      ix.advance(st, c, nx);
+      if (nx.empty()) return false;
+      st.swap(nx);
+    }
+  }
+  return !complete || (!st.empty() && st.front().empty());
+}
+
+// A grammar in the one loop on the real engine: every output is a sentence
+// of it (or, cut by max_tokens, a prefix), the same alone and batched, and
+// greedy speculative decoding (lookup and the model as its own draft) gives
+// the plain constrained ids.
+TEST(SchedulerGrammar, ConstrainedOutputsAloneBatchedAndSpeculated) {
+  Tiny tiny;
+  const Tokenizer tok = Tokenizer::from_gguf(tiny.model.file());
+  auto ix = grammar_index(
+      "root ::= (\"Once\" | \"The\" | \"Tim\") (\" \" [a-z]{1,8}){2,5} (\".\" | \"!\")\n", tok);
+  auto rs = tiny_requests();
+  for (size_t i = 0; i < rs.size(); ++i) {
+    rs[i].grammar = ix;
+    rs[i].max_tokens = 64;
+    rs[i].sampling.temperature = i % 2 ? 0.9f : 0.0f;
+    rs[i].sampling.seed = i;
+  }
+  const Outputs alone =
+      run_alone(rs, [&] { return std::make_unique<EngineOwner>(tiny.engine(256)); });
+  int complete = 0;
+  {
+    EngineOwner e(tiny.engine(256));
+    Scheduler s(e, SchedulerOptions{.slots = 1});
+    for (const Request& r : rs) s.submit(r);
+    s.run();
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const Sequence& q = s.sequence(static_cast<int>(i));
+      ASSERT_EQ(q.status, SeqStatus::kFinished) << q.error;
+      const bool done = q.finish == FinishReason::kEos;
+      complete += done;
+      EXPECT_TRUE(done || q.finish == FinishReason::kLength) << finish_name(q.finish);
+      EXPECT_TRUE(sentence_or_prefix(*ix, tok, q.output(), done))
+          << i << ": " << tok.decode(q.output());
+    }
+  }
+  EXPECT_GT(complete, static_cast<int>(rs.size()) / 2) << "most finish the sentence";
+  EngineOwner batched(tiny.engine(4096));
+  EXPECT_EQ(run_all(batched, rs, SchedulerOptions{.slots = 4}), alone);
+
+  std::vector<Request> greedy;
+  for (size_t i = 0; i < rs.size(); i += 2) greedy.push_back(rs[i]);
+  Outputs plain;
+  for (size_t i = 0; i < rs.size(); i += 2) plain.push_back(alone[i]);
+  Engine draft(tiny.model, EngineOptions{.n_threads = 1, .n_ctx = 256, .cache_tokens = 4 * 256});
+  for (const char* kind : {"lookup", "model"}) {
+    EngineOwner e(tiny.engine(4096));
+    SchedulerOptions o;
+    o.slots = 4;
+    o.draft_max = 4;
+    const bool model = std::string(kind) == "model";
+    o.drafter_for = [&](const Request& r) -> std::unique_ptr<Drafter> {
+      if (model)
+        return std::make_unique<ModelDrafter>(draft, ModelDrafterOptions{r.sampling}, "self");
+      return std::make_unique<LookupDrafter>(3, 1);
+    };
+    SchedulerStats st;
+    EXPECT_EQ(run_all(e, greedy, o, &st), plain) << kind;
+    if (model) EXPECT_GT(st.accepted, 0);
+  }
 }
 
 }  // namespace

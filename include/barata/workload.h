@@ -33,6 +33,7 @@ struct RequestSpec {
   SamplerOptions sampling;  // greedy (temperature 0) unless the line says otherwise
   bool ignore_eos = false;
   std::vector<std::string> stop;
+  std::string grammar;     // "grammar" (GBNF), or "json_schema" converted; "" = none
   double arrival_ms = -1;  // "arrival_ms"; < 0: not given (then --arrival-interval decides)
   int64_t line = 0;        // 1-based line of the file (0 for built-in workloads)
 };

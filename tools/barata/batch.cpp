@@ -20,6 +20,7 @@
 #include "barata/batch_run.h"
 #include "barata/bench.h"
 #include "barata/error.h"
+#include "barata/grammar.h"
 #include "barata/file_io.h"
 #include "barata/plan.h"
 #include "barata/scheduler.h"
@@ -283,6 +284,7 @@ int run(BatchArgs& a) {
     r.max_tokens = sp.max_tokens;
     r.ignore_eos = sp.ignore_eos;
     r.stop = sp.stop;
+    if (!sp.grammar.empty()) r.grammar = grammar_index(sp.grammar, s.tok);
     r.arrival_s = sp.arrival_ms >= 0 ? sp.arrival_ms / 1e3
                                      : static_cast<double>(i) * a.arrival_interval_ms / 1e3;
     requests.push_back(std::move(r));

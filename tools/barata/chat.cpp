@@ -34,6 +34,7 @@ struct ChatArgs {
   std::string chat_template, system;
   int n_predict = 512;
   SamplerOptions sampling;
+  GrammarOptions grammar;  // every reply constrained
   bool no_bos = false;
 };
 
@@ -135,7 +136,8 @@ class Conversation {
         sampler_(a.sampling),
         add_bos_(!a.no_bos && s.tok.add_bos_default()),
         n_predict_(a.n_predict),
-        reserve_(std::min<int64_t>(a.n_predict, s.n_ctx / 2)) {
+        reserve_(std::min<int64_t>(a.n_predict, s.n_ctx / 2)),
+        grammar_(make_grammar(a.grammar, s)) {
     const std::string system = system_prompt_or_default(a.system, s);
     if (!system.empty()) msgs_.push_back({"system", system});
   }
@@ -169,6 +171,7 @@ class Conversation {
       SigintCatcher catcher;
       GenerateOptions go;
       go.n_predict = n_predict_;
+      go.grammar = grammar_;
       go.interrupted = [] { return SigintCatcher::interrupted(); };
       g = generate(s_, seq_, fresh, all, sampler_, go, [](std::string_view piece) {
         std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -313,7 +316,8 @@ class Conversation {
   Sampler sampler_;
   bool add_bos_;
   int n_predict_;
-  int64_t reserve_;  // context positions kept free for a reply
+  int64_t reserve_;                              // context positions kept free for a reply
+  std::shared_ptr<const GrammarIndex> grammar_;  // --grammar and the like: every reply
   std::vector<ChatMessage> msgs_;
   int seq_ = -1;
   std::vector<int32_t> cached_;  // what the cache holds for seq_
@@ -406,6 +410,7 @@ Command add_chat(CLI::App& app) {
   sub->add_option("-n,--n-predict", a->n_predict, "Most tokens per reply")
       ->check(CLI::Range(1, 1 << 30));
   add_sampling_options(sub, a->sampling);
+  add_grammar_options(sub, a->grammar);
   sub->add_option("--chat-template", a->chat_template,
                   "chatml, llama3, gemma, llama2 or phi3 (default: from the file)");
   sub->add_option("--system", a->system, "System prompt (default: the template's, if any)");
