@@ -26,18 +26,29 @@ void Sampler::accept(int32_t token) {
 int32_t Sampler::sample(std::span<float> logits) {
   // Repetition penalty (CTRL paper form, as llama.cpp applies it): each token
   // seen in the window once, positive logits divided, negative multiplied.
-  if (opts_.repeat_penalty != 1.0f && !recent_.empty()) {
+  const bool counted = opts_.presence_penalty != 0.0f || opts_.frequency_penalty != 0.0f;
+  if ((opts_.repeat_penalty != 1.0f || counted) && !recent_.empty()) {
     if (penalized_at_.size() < logits.size()) penalized_at_.resize(logits.size(), 0);
+    if (counted && counts_.size() < logits.size()) counts_.resize(logits.size(), 0);
     if (++penalty_calls_ == 0) {  // wrapped: no stale mark may equal a new one
       std::fill(penalized_at_.begin(), penalized_at_.end(), 0);
       penalty_calls_ = 1;
     }
+    if (counted)
+      for (int32_t t : recent_)
+        if (t >= 0 && static_cast<size_t>(t) < logits.size()) ++counts_[static_cast<size_t>(t)];
     for (int32_t t : recent_) {
       if (t < 0 || static_cast<size_t>(t) >= logits.size()) continue;
       if (penalized_at_[static_cast<size_t>(t)] == penalty_calls_) continue;
       penalized_at_[static_cast<size_t>(t)] = penalty_calls_;
       float& l = logits[static_cast<size_t>(t)];
-      l = l > 0.0f ? l / opts_.repeat_penalty : l * opts_.repeat_penalty;
+      if (opts_.repeat_penalty != 1.0f)
+        l = l > 0.0f ? l / opts_.repeat_penalty : l * opts_.repeat_penalty;
+      if (counted) {
+        uint32_t& c = counts_[static_cast<size_t>(t)];
+        l -= opts_.presence_penalty + opts_.frequency_penalty * static_cast<float>(c);
+        c = 0;
+      }
     }
   }
   if (opts_.temperature <= 0.0f) return argmax(logits);

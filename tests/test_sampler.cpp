@@ -88,6 +88,31 @@ TEST(Sampler, RepetitionPenaltyFollowsLlamaCpp) {
   EXPECT_FLOAT_EQ(l[3], 1.5f);
 }
 
+// OpenAI's presence and frequency penalties over the window: once per token
+// present, and per occurrence; twice in a row, the same (counts are reset).
+TEST(Sampler, PresenceAndFrequencyPenaltiesCountTheWindow) {
+  Sampler s({.temperature = 0.0f,
+             .repeat_last_n = 4,
+             .presence_penalty = 0.5f,
+             .frequency_penalty = 0.25f});
+  for (int32_t t : {9, 1, 2, 1, 1}) s.accept(t);  // window: 1 2 1 1 (9 left it)
+  for (int round = 0; round < 2; ++round) {
+    std::vector<float> l = {0.0f, 3.0f, -1.0f, 1.0f, 0, 0, 0, 0, 0, 0.0f};
+    s.sample(l);
+    EXPECT_FLOAT_EQ(l[1], 3.0f - 0.5f - 3 * 0.25f) << round;
+    EXPECT_FLOAT_EQ(l[2], -1.0f - 0.5f - 0.25f) << round;
+    EXPECT_FLOAT_EQ(l[3], 1.0f) << round;
+    EXPECT_FLOAT_EQ(l[9], 0.0f) << round;
+  }
+  // With the repetition penalty too: divided first, then subtracted.
+  Sampler r(
+      {.temperature = 0.0f, .repeat_penalty = 2.0f, .repeat_last_n = 4, .presence_penalty = 1.0f});
+  r.accept(0);
+  std::vector<float> l = {4.0f, 0.0f};
+  r.sample(l);
+  EXPECT_FLOAT_EQ(l[0], 1.0f);
+}
+
 TEST(Sampler, TopProbsIsASoftmaxAtTemperature) {
   const std::vector<float> l = {2.0f, 1.0f, 0.0f};
   const auto p = top_probs(l, 1.0f, 3);

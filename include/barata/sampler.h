@@ -17,7 +17,11 @@ struct SamplerOptions {
   float top_p = 0.95f;          // >= 1: off
   float min_p = 0.05f;          // <= 0: off
   float repeat_penalty = 1.0f;  // 1: off; > 1 discourages repeats
-  int repeat_last_n = 64;       // window of the penalty
+  int repeat_last_n = 64;       // window of the penalties
+  // OpenAI's: each token in the window loses presence_penalty once and
+  // frequency_penalty per occurrence from its logit (0: off).
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   uint64_t seed = 0xba7a7a;
 };
 
@@ -57,6 +61,7 @@ class Sampler {
   // Per vocabulary id, the penalty call that last changed its logit (so
   // that a token repeated in the window is penalized once).
   std::vector<uint32_t> penalized_at_;
+  std::vector<uint32_t> counts_;  // occurrences in the window (zeroed after each use)
   uint32_t penalty_calls_ = 0;
   SamplingCandidates cand_;
 };

@@ -60,8 +60,8 @@ void send_error(httplib::Response& res, const ApiError& e) {
 // add series or lines).
 const std::string& route_label(const std::string& path) {
   static const std::vector<std::string> kRoutes = {
-      "/",        "/index.html", "/favicon.ico",         "/health",
-      "/metrics", "/v1/models",  "/v1/chat/completions", "/v1/completions"};
+      "/",          "/index.html",          "/favicon.ico",    "/health",   "/metrics",
+      "/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"};
   static const std::string kOther = "other";
   for (const std::string& r : kRoutes)
     if (r == path) return r;
@@ -334,6 +334,60 @@ void Server::Impl::setup_routes() {
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_generate(req, res, Kind::kCompletion);
   });
+  // llama-server's tokenizer endpoints.
+  auto tokenizer_route = [this](const char* path, auto body_fn) {
+    http.Post(path, [this, body_fn](const httplib::Request& req, httplib::Response& res) {
+      try {
+        if (!ready) throw ApiError{503, "the model is loading", "server_error", "", "loading"};
+        const json body = parse_body(req.body);
+        if (!body.is_object()) bad_request("the request body must be a JSON object");
+        res.set_content(body_fn(body).dump(-1, ' ', false, json::error_handler_t::replace),
+                        "application/json");
+        count(req.path, 200);
+      } catch (const ApiError& e) {
+        send_error(res, e);
+        count(req.path, e.status);
+      }
+    });
+  };
+  tokenizer_route("/tokenize", [this](const json& body) {
+    check_known(body, {"content", "add_special", "parse_special", "with_pieces"});
+    const json& c = field(body, "content");
+    if (!c.is_string()) bad_request("'content' must be a string", "content");
+    const bool add = boolean(body, "add_special", false);
+    const bool special = boolean(body, "parse_special", true);
+    const bool pieces = boolean(body, "with_pieces", false);
+    const std::vector<int32_t> ids =
+        tok->encode(c.get<std::string>(), add && tok->bos_id() >= 0, special);
+    json out = json::array();
+    for (int32_t id : ids) {
+      if (!pieces) {
+        out.push_back(id);
+        continue;
+      }
+      // A piece that is not whole UTF-8 is given as its bytes, as llama-server does.
+      const std::string p = tok->token_to_piece(id);
+      json piece = p;
+      if (!net::valid_utf8(p)) {
+        piece = json::array();
+        for (unsigned char b : p) piece.push_back(b);
+      }
+      out.push_back({{"id", id}, {"piece", piece}});
+    }
+    return json{{"tokens", out}};
+  });
+  tokenizer_route("/detokenize", [this](const json& body) {
+    check_known(body, {"tokens"});
+    const json& t = field(body, "tokens");
+    if (!t.is_array()) bad_request("'tokens' must be an array of token ids", "tokens");
+    std::vector<int32_t> ids;
+    for (const json& x : t) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= tok->n_vocab())
+        bad_request(fmt::format("'tokens' must hold ids in [0, {})", tok->n_vocab()), "tokens");
+      ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+    }
+    return json{{"content", tok->decode(ids)}};
+  });
 }
 
 std::shared_ptr<const GrammarIndex> Server::Impl::parse_constraint(const json& body,
@@ -442,8 +496,6 @@ std::shared_ptr<Job> Server::Impl::parse_job(const json& body, std::string_view 
     job->include_usage = boolean(so, "include_usage", false);
   }
   only_default(body, "n", 1);
-  only_default(body, "presence_penalty", 0);
-  only_default(body, "frequency_penalty", 0);
   only_default(body, "logit_bias", json::object());
   const json& user = field(body, "user");
   if (!user.is_null() && !user.is_string()) bad_request("'user' must be a string", "user");
@@ -476,6 +528,10 @@ std::shared_ptr<Job> Server::Impl::parse_job(const json& body, std::string_view 
     std::lock_guard<std::mutex> l(rd_m);
     s.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   }
+  if (auto p = number_in(body, "presence_penalty", -2, 2))
+    s.presence_penalty = static_cast<float>(*p);
+  if (auto f = number_in(body, "frequency_penalty", -2, 2))
+    s.frequency_penalty = static_cast<float>(*f);
   job->req.sampling = s;
 
   std::optional<int64_t> max_tokens = integer_in(body, "max_tokens", 1, 1LL << 40);

@@ -182,3 +182,34 @@ with Server("--slots", "2", "-t", "2") as s:
     m = bad("both", response_format={"type": "json_object"}, extra_body={"grammar": 'root ::= "a"'})
     check("one of" in m, f"two constraints at once: {m}")
     check(s.proc.poll() is None, "the server is still up after the bad requests")
+
+    # llama-server's tokenizer endpoints, and the OpenAI penalties.
+    import urllib.request
+
+    def post(path, body):
+        req = urllib.request.Request(s.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.load(r)
+        except urllib.error.HTTPError as e:
+            return e.code, json.load(e)
+
+    st, t = post("/tokenize", {"content": "Hello world, caf\u00e9!"})
+    check(st == 200 and len(t["tokens"]) > 3 and all(isinstance(x, int) for x in t["tokens"]),
+          f"/tokenize: {t}")
+    st, d = post("/detokenize", {"tokens": t["tokens"]})
+    check(st == 200 and d["content"] == "Hello world, caf\u00e9!", f"/detokenize gives the text back: {d}")
+    st, p = post("/tokenize", {"content": "Hi there", "with_pieces": True})
+    check(st == 200 and "".join(x["piece"] for x in p["tokens"]).strip() == "Hi there",
+          f"/tokenize with_pieces: {p}")
+    st, e = post("/detokenize", {"tokens": [10 ** 9]})
+    check(st == 400 and "tokens" in e["error"]["message"], f"/detokenize refuses an unknown id: {e}")
+    r = c.chat.completions.create(model="x", messages=[{"role": "user", "content": "Count to ten."}],
+                                  max_tokens=24, temperature=0, presence_penalty=1.5, frequency_penalty=0.5)
+    plain = c.chat.completions.create(model="x", messages=[{"role": "user", "content": "Count to ten."}],
+                                      max_tokens=24, temperature=0)
+    check(r.choices[0].message.content != plain.choices[0].message.content,
+          "presence/frequency penalties change a greedy reply")
+    m = bad("penalty", presence_penalty=3)
+    check("presence_penalty" in m, f"a penalty outside [-2, 2]: {m}")

@@ -127,7 +127,13 @@ void add_sampling_options(CLI::App* sub, SamplerOptions& s) {
   sub->add_option("--min-p", s.min_p, "Min-p (0 = off)")->check(real_in(0, false, 1, false));
   sub->add_option("--repeat-penalty", s.repeat_penalty, "Repetition penalty (1 = off)")
       ->check(real_in(0, true, kInf, true));
-  sub->add_option("--repeat-last-n", s.repeat_last_n, "Window of the repetition penalty")
+  sub->add_option("--presence-penalty", s.presence_penalty,
+                  "Subtract this from the logit of each token in the window (0 = off)")
+      ->check(real_in(-2, true, 2, true));
+  sub->add_option("--frequency-penalty", s.frequency_penalty,
+                  "Subtract this per occurrence in the window (0 = off)")
+      ->check(real_in(-2, true, 2, true));
+  sub->add_option("--repeat-last-n", s.repeat_last_n, "Window of the penalties")
       ->check(integer_in<int>(0, 1 << 30));
   sub->add_option("-s,--seed", s.seed, "Random seed")
       ->check(integer_in<uint64_t>(0, std::numeric_limits<uint64_t>::max()));
