@@ -15,6 +15,8 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <limits>
+#include <numeric>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -95,6 +97,14 @@ struct Job {
   std::mutex m;
   std::condition_variable cv;
   std::string pending;  // text not yet taken by the writer
+  // logprobs: one entry per generated token, in the reply's shape (chat:
+  // {token, logprob, bytes, top_logprobs}; completions: {token, logprob,
+  // top: {token: logprob}}); a stream takes them with the text.
+  json pending_lp = json::array();
+  int top_logprobs = -1;      // -1: no logprobs; else how many alternatives per token
+  std::vector<float> lp_row;  // engine thread: the raw logits of the token being sampled
+  double lp_lse = 0;
+  size_t lp_offset = 0;  // the text's length before that token
   bool done = false;
   FinishReason finish = FinishReason::kNone;
   std::string error;
@@ -500,14 +510,17 @@ std::shared_ptr<Job> Server::Impl::parse_job(const json& body, std::string_view 
   const json& user = field(body, "user");
   if (!user.is_null() && !user.is_string()) bad_request("'user' must be a string", "user");
   if (kind == Kind::kChat) {
-    only_default(body, "logprobs", false);
-    only_default(body, "top_logprobs", 0);
+    const bool lp = boolean(body, "logprobs", false);
+    const std::optional<int64_t> top = integer_in(body, "top_logprobs", 0, 20);
+    if (top && !lp) bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    if (lp) job->top_logprobs = static_cast<int>(top.value_or(0));
     only_default(body, "tools", json::array());
     only_default(body, "tool_choice", "none");
     only_default(body, "parallel_tool_calls", true);
     only_default(body, "store", false);
   } else {
-    only_default(body, "logprobs", nullptr);
+    if (!field(body, "logprobs").is_null())
+      job->top_logprobs = static_cast<int>(*integer_in(body, "logprobs", 0, 5));
     only_default(body, "echo", false);
     only_default(body, "suffix", nullptr);
     only_default(body, "best_of", 1);
@@ -604,6 +617,30 @@ json usage_json(const Job& j) {
   return {{"prompt_tokens", j.prompt_tokens},
           {"completion_tokens", j.completion_tokens},
           {"total_tokens", j.prompt_tokens + j.completion_tokens}};
+}
+
+// The logprobs object of a reply or chunk holding these entries.
+json logprobs_json(Kind kind, const json& entries) {
+  if (kind == Kind::kChat) {
+    json content = json::array();
+    for (const json& e : entries)
+      content.push_back({{"token", e["token"]},
+                         {"logprob", e["logprob"]},
+                         {"bytes", e["bytes"]},
+                         {"top_logprobs", e["top"]}});
+    return {{"content", content}};
+  }
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+  for (const json& e : entries) {
+    tokens.push_back(e["token"]);
+    lps.push_back(e["logprob"]);
+    json t = json::object();
+    for (const json& a : e["top"]) t[a["token"].get<std::string>()] = a["logprob"];
+    tops.push_back(t);
+    offs.push_back(e["offset"]);
+  }
+  return {
+      {"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
 }
 
 json chunk_json(const Job& j, const std::string& model, const std::string* text, const char* finish,
@@ -749,6 +786,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     }
     json choice = {
         {"index", 0}, {"finish_reason", openai_finish_reason(job->finish)}, {"logprobs", nullptr}};
+    if (job->top_logprobs >= 0) choice["logprobs"] = logprobs_json(kind, job->pending_lp);
     if (kind == Kind::kChat)
       choice["message"] = {{"role", "assistant"}, {"content", job->pending}};
     else
@@ -775,6 +813,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
       "text/event-stream",
       [this, job, first, cancel](size_t, httplib::DataSink& sink) {
         std::string text;
+        json lp = json::array();
         bool done = false;
         {
           std::unique_lock<std::mutex> l(job->m);
@@ -782,6 +821,8 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
           job->cv.wait_for(l, std::chrono::milliseconds(50),
                            [&] { return job->done || !job->pending.empty(); });
           text.swap(job->pending);
+          // A token's logprobs go with the first chunk whose text follows it.
+          if (!text.empty() || job->done) lp.swap(job->pending_lp);
           done = job->done;
           if (done) {
             tl_record.prompt_tokens = job->prompt_tokens;
@@ -794,8 +835,11 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
           return false;
         }
         std::string out;
-        if (*first || !text.empty()) {
-          out += sse(chunk_json(*job, o.model_id, &text, nullptr, *first));
+        if (*first || !text.empty() || !lp.empty()) {
+          json c = chunk_json(*job, o.model_id, &text, nullptr, *first);
+          if (job->top_logprobs >= 0 && !lp.empty())
+            c["choices"][0]["logprobs"] = logprobs_json(job->kind, lp);
+          out += sse(c);
           *first = false;
         }
         if (done) {
@@ -941,10 +985,58 @@ void Server::Impl::engine_loop() {
     }
     j.cv.notify_all();
   };
-  sch.on_token = [this, &live](const Sequence& s, int32_t) {
-    if (s.output().size() != 1) return;
+  sch.on_logits = [&live](const Sequence& s, std::span<const float> logits) {
+    auto it = live.find(s.req.tag);
+    if (it == live.end() || it->second->top_logprobs < 0) return;
+    Job& j = *it->second;
+    j.lp_row.assign(logits.begin(), logits.end());
+    float mx = -std::numeric_limits<float>::infinity();
+    for (float x : logits) mx = std::max(mx, x);
+    double sum = 0;
+    for (float x : logits) sum += std::exp(static_cast<double>(x - mx));
+    j.lp_lse = static_cast<double>(mx) + std::log(sum);
+    j.lp_offset = s.text.size();
+  };
+  sch.on_token = [this, &live](const Sequence& s, int32_t token) {
     auto it = live.find(s.req.tag);
     if (it == live.end()) return;
+    // The end-of-generation token is no part of the reply, nor of its logprobs.
+    if (Job& j = *it->second; j.top_logprobs >= 0 && !j.lp_row.empty() && !tok->is_eog(token)) {
+      auto entry = [&](int32_t id) {
+        const std::string piece = tok->token_to_piece(id);
+        json bytes = json::array();
+        for (unsigned char b : piece) bytes.push_back(b);
+        // Part of a character: its valid prefix and U+FFFD for the rest; `bytes` is exact.
+        std::string text;
+        for (size_t i = 0; i < piece.size();) {
+          const size_t n = net::utf8_sequence(std::string_view(piece).substr(i));
+          text += n ? piece.substr(i, n) : "\xEF\xBF\xBD";
+          i += n ? n : 1;
+        }
+        return json{{"token", text},
+                    {"logprob", static_cast<double>(j.lp_row[static_cast<size_t>(id)]) - j.lp_lse},
+                    {"bytes", bytes}};
+      };
+      json e = entry(token);
+      json top = json::array();
+      if (j.top_logprobs > 0) {
+        std::vector<int32_t> ids(j.lp_row.size());
+        std::iota(ids.begin(), ids.end(), 0);
+        const size_t k = std::min(ids.size(), static_cast<size_t>(j.top_logprobs));
+        std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
+                          [&](int32_t a, int32_t b) {
+                            const float x = j.lp_row[static_cast<size_t>(a)];
+                            const float y = j.lp_row[static_cast<size_t>(b)];
+                            return x > y || (x == y && a < b);
+                          });
+        for (size_t i = 0; i < k; ++i) top.push_back(entry(ids[i]));
+      }
+      e["top"] = top;
+      e["offset"] = j.lp_offset;
+      std::lock_guard<std::mutex> l(j.m);
+      j.pending_lp.push_back(std::move(e));
+    }
+    if (s.output().size() != 1) return;
     const double t = seconds_since(it->second->t_arrival);
     {
       std::lock_guard<std::mutex> l(it->second->m);

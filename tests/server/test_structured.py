@@ -213,3 +213,31 @@ with Server("--slots", "2", "-t", "2") as s:
           "presence/frequency penalties change a greedy reply")
     m = bad("penalty", presence_penalty=3)
     check("presence_penalty" in m, f"a penalty outside [-2, 2]: {m}")
+
+    # logprobs: chat's content entries and completions' arrays, the same streamed.
+    msgs = [{"role": "user", "content": "Name three fruits."}]
+    r = c.chat.completions.create(model="x", messages=msgs, max_tokens=12, temperature=0,
+                                  logprobs=True, top_logprobs=3)
+    lp = r.choices[0].logprobs.content
+    check(len(lp) >= 1 and "".join(e.token for e in lp) == r.choices[0].message.content,
+          f"chat logprobs: one entry per token, the tokens make the reply ({len(lp)})")
+    check(all(e.logprob <= 0 and len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token
+              and e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob
+              and bytes(e.bytes).decode("utf-8", "replace") for e in lp),
+          "greedy: each token is its top alternative, alternatives sorted, logprobs <= 0")
+    streamed = []
+    for ch in c.chat.completions.create(model="x", messages=msgs, max_tokens=12, temperature=0,
+                                        logprobs=True, top_logprobs=3, stream=True):
+        if ch.choices and ch.choices[0].logprobs:
+            streamed += ch.choices[0].logprobs.content
+    check([(e.token, round(e.logprob, 5)) for e in streamed] == [(e.token, round(e.logprob, 5)) for e in lp],
+          "streamed logprobs equal the plain reply's")
+    cr = c.completions.create(model="x", prompt="The capital of France is", max_tokens=6,
+                              temperature=0, logprobs=2)
+    L = cr.choices[0].logprobs
+    check(len(L.tokens) == len(L.token_logprobs) == len(L.top_logprobs) == len(L.text_offset) >= 1
+          and "".join(L.tokens) == cr.choices[0].text and L.text_offset[0] == 0
+          and all(len(t) <= 2 for t in L.top_logprobs),
+          f"completions logprobs: {L.tokens}")
+    m = bad("top_logprobs", top_logprobs=2)
+    check("logprobs" in m, f"top_logprobs without logprobs: {m}")
