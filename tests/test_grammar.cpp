@@ -3,7 +3,7 @@
 // accept and refuse strings as their text says (the cases are ours); the
 // syntax's corners and its errors; and the token mask, for states reached by
 // random walks, equals trying every token's bytes, on a byte-level BPE
-// vocabulary (Qwen2's 151,646 tokens) and a SentencePiece one.
+// vocabulary (Qwen2's 151,936 tokens) and a SentencePiece one.
 #include <filesystem>
 #include <fstream>
 #include <random>
