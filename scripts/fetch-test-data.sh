@@ -7,7 +7,9 @@
 # models/cache/ and checked by sha256; the files go to models/vocab/ and are
 # checked against tests/data/vocab-llama-cpp-python-0.3.16.sha256; llama.cpp's
 # example grammars (grammars/*.gbnf, for the grammar tests) go to
-# models/grammars/, checked against tests/data/grammars-llama-cpp-python-0.3.16.sha256.
+# models/grammars/, checked against tests/data/grammars-llama-cpp-python-0.3.16.sha256;
+# its chat templates (models/templates/*.jinja, for the Jinja test) go to
+# models/templates/, checked against tests/data/templates-llama-cpp-python-0.3.16.sha256.
 # Does nothing
 # when they are already there and right. Prints the folder. About 15 s from a
 # cold cache: only llama-cpp-python itself is asked for as source, so that pip's
@@ -25,11 +27,14 @@ OUT="$ROOT/models/vocab"
 GRAMMAR_MEMBERS="llama_cpp_python-0.3.16/vendor/llama.cpp/grammars/*.gbnf"
 GRAMMAR_MANIFEST="$ROOT/tests/data/grammars-llama-cpp-python-0.3.16.sha256"
 GRAMMAR_OUT="$ROOT/models/grammars"
+TEMPLATE_MEMBERS="llama_cpp_python-0.3.16/vendor/llama.cpp/models/templates/*.jinja"
+TEMPLATE_MANIFEST="$ROOT/tests/data/templates-llama-cpp-python-0.3.16.sha256"
+TEMPLATE_OUT="$ROOT/models/templates"
 
 # Every file of the manifest ($2, default the vocabularies') is in `dir` with its sha256.
 check() { [ -d "$1" ] && (cd "$1" && sha256sum --quiet --strict -c "${2:-$MANIFEST}" >/dev/null 2>&1); }
 
-if check "$OUT" && check "$GRAMMAR_OUT" "$GRAMMAR_MANIFEST"; then
+if check "$OUT" && check "$GRAMMAR_OUT" "$GRAMMAR_MANIFEST" && check "$TEMPLATE_OUT" "$TEMPLATE_MANIFEST"; then
   echo "$OUT"
   exit 0
 fi
@@ -65,6 +70,16 @@ if ! check "$GRAMMAR_OUT" "$GRAMMAR_MANIFEST"; then
     exit 1
   fi
   swap_in "$GTMP" "$GRAMMAR_OUT"
+fi
+if ! check "$TEMPLATE_OUT" "$TEMPLATE_MANIFEST"; then
+  TTMP="$(mktemp -d "$ROOT/models/.templates-XXXXXX")"
+  tar -xzf "$SDIST" -C "$TTMP" --strip-components=5 --wildcards "$TEMPLATE_MEMBERS"
+  if ! check "$TTMP" "$TEMPLATE_MANIFEST"; then
+    echo "error: fetch-test-data: the templates of $SDIST_NAME do not match $TEMPLATE_MANIFEST" >&2
+    rm -rf "$TTMP"
+    exit 1
+  fi
+  swap_in "$TTMP" "$TEMPLATE_OUT"
 fi
 if check "$OUT"; then
   echo "$OUT"

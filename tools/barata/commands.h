@@ -27,6 +27,7 @@ Command add_quantize(CLI::App& app);
 Command add_run(CLI::App& app);
 Command add_serve(CLI::App& app);
 Command add_spec_bench(CLI::App& app);
+Command add_template(CLI::App& app);
 Command add_tokenize(CLI::App& app);
 
 }  // namespace barata::cli

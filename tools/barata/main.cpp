@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
       barata::cli::add_outliers(app),   barata::cli::add_perplexity(app),
       barata::cli::add_plan(app),       barata::cli::add_quantize(app),
       barata::cli::add_run(app),        barata::cli::add_serve(app),
-      barata::cli::add_spec_bench(app), barata::cli::add_tokenize(app),
+      barata::cli::add_spec_bench(app), barata::cli::add_template(app),
+      barata::cli::add_tokenize(app),
   };
 
   // A first argument that is no option and no subcommand: name it and list
