@@ -61,26 +61,21 @@ swap_in() {
   rm -rf "$1.old"
 }
 
-if ! check "$GRAMMAR_OUT" "$GRAMMAR_MANIFEST"; then
-  GTMP="$(mktemp -d "$ROOT/models/.grammars-XXXXXX")"
-  tar -xzf "$SDIST" -C "$GTMP" --strip-components=4 --wildcards "$GRAMMAR_MEMBERS"
-  if ! check "$GTMP" "$GRAMMAR_MANIFEST"; then
-    echo "error: fetch-test-data: the grammars of $SDIST_NAME do not match $GRAMMAR_MANIFEST" >&2
-    rm -rf "$GTMP"
+# extract WHAT MEMBERS STRIP MANIFEST OUT: the sdist's members into OUT, checked.
+extract() {
+  if check "$5" "$4"; then return 0; fi
+  local tmp
+  tmp="$(mktemp -d "$ROOT/models/.$1-XXXXXX")"
+  tar -xzf "$SDIST" -C "$tmp" --strip-components="$3" --wildcards "$2"
+  if ! check "$tmp" "$4"; then
+    echo "error: fetch-test-data: the $1 of $SDIST_NAME do not match $4" >&2
+    rm -rf "$tmp"
     exit 1
   fi
-  swap_in "$GTMP" "$GRAMMAR_OUT"
-fi
-if ! check "$TEMPLATE_OUT" "$TEMPLATE_MANIFEST"; then
-  TTMP="$(mktemp -d "$ROOT/models/.templates-XXXXXX")"
-  tar -xzf "$SDIST" -C "$TTMP" --strip-components=5 --wildcards "$TEMPLATE_MEMBERS"
-  if ! check "$TTMP" "$TEMPLATE_MANIFEST"; then
-    echo "error: fetch-test-data: the templates of $SDIST_NAME do not match $TEMPLATE_MANIFEST" >&2
-    rm -rf "$TTMP"
-    exit 1
-  fi
-  swap_in "$TTMP" "$TEMPLATE_OUT"
-fi
+  swap_in "$tmp" "$5"
+}
+extract grammars "$GRAMMAR_MEMBERS" 4 "$GRAMMAR_MANIFEST" "$GRAMMAR_OUT"
+extract templates "$TEMPLATE_MEMBERS" 5 "$TEMPLATE_MANIFEST" "$TEMPLATE_OUT"
 if check "$OUT"; then
   echo "$OUT"
   exit 0

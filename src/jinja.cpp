@@ -49,13 +49,13 @@ struct Value {
     v.t = T::kNone;
     return v;
   }
-  Value(bool x) : t(T::kBool), b(x) {}                      // NOLINT
-  Value(int64_t x) : t(T::kInt), i(x) {}                    // NOLINT
-  Value(int x) : t(T::kInt), i(x) {}                        // NOLINT
-  Value(double x) : t(T::kFloat), f(x) {}                   // NOLINT
-  Value(std::string x) : t(T::kStr), s(std::move(x)) {}     // NOLINT
-  Value(const char* x) : t(T::kStr), s(x) {}                // NOLINT
-  Value(Array x) : t(T::kArr), a(std::make_shared<Array>(std::move(x))) {}     // NOLINT
+  Value(bool x) : t(T::kBool), b(x) {}                                        // NOLINT
+  Value(int64_t x) : t(T::kInt), i(x) {}                                      // NOLINT
+  Value(int x) : t(T::kInt), i(x) {}                                          // NOLINT
+  Value(double x) : t(T::kFloat), f(x) {}                                     // NOLINT
+  Value(std::string x) : t(T::kStr), s(std::move(x)) {}                       // NOLINT
+  Value(const char* x) : t(T::kStr), s(x) {}                                  // NOLINT
+  Value(Array x) : t(T::kArr), a(std::make_shared<Array>(std::move(x))) {}    // NOLINT
   Value(Object x) : t(T::kObj), o(std::make_shared<Object>(std::move(x))) {}  // NOLINT
   static Value func(Func f) {
     Value v;
@@ -65,7 +65,9 @@ struct Value {
   }
   bool undef() const { return t == T::kUndef; }
   bool is_num() const { return t == T::kInt || t == T::kFloat || t == T::kBool; }
-  double num() const { return t == T::kFloat ? f : t == T::kBool ? (b ? 1 : 0) : static_cast<double>(i); }
+  double num() const {
+    return t == T::kFloat ? f : t == T::kBool ? (b ? 1 : 0) : static_cast<double>(i);
+  }
   const Value* get(std::string_view k) const {
     if (t != T::kObj) return nullptr;
     for (const auto& [key, v] : *o)
@@ -84,14 +86,22 @@ using T = Value::T;
 bool truthy(const Value& v) {
   switch (v.t) {
     case T::kUndef:
-    case T::kNone: return false;
-    case T::kBool: return v.b;
-    case T::kInt: return v.i != 0;
-    case T::kFloat: return v.f != 0;
-    case T::kStr: return !v.s.empty();
-    case T::kArr: return !v.a->empty();
-    case T::kObj: return !v.o->empty();
-    case T::kFunc: return true;
+    case T::kNone:
+      return false;
+    case T::kBool:
+      return v.b;
+    case T::kInt:
+      return v.i != 0;
+    case T::kFloat:
+      return v.f != 0;
+    case T::kStr:
+      return !v.s.empty();
+    case T::kArr:
+      return !v.a->empty();
+    case T::kObj:
+      return !v.o->empty();
+    case T::kFunc:
+      return true;
   }
   return false;
 }
@@ -108,13 +118,27 @@ std::string json_str(const std::string& s) {
   std::string o = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': o += "\\\""; break;
-      case '\\': o += "\\\\"; break;
-      case '\n': o += "\\n"; break;
-      case '\r': o += "\\r"; break;
-      case '\t': o += "\\t"; break;
-      case '\b': o += "\\b"; break;
-      case '\f': o += "\\f"; break;
+      case '"':
+        o += "\\\"";
+        break;
+      case '\\':
+        o += "\\\\";
+        break;
+      case '\n':
+        o += "\\n";
+        break;
+      case '\r':
+        o += "\\r";
+        break;
+      case '\t':
+        o += "\\t";
+        break;
+      case '\b':
+        o += "\\b";
+        break;
+      case '\f':
+        o += "\\f";
+        break;
       default:
         if (c < 0x20)
           o += fmt::format("\\u{:04x}", c);
@@ -127,18 +151,30 @@ std::string json_str(const std::string& s) {
 
 // json.dumps(v, ensure_ascii=False, indent=indent) as transformers' tojson.
 void dump_json(const Value& v, int indent, int level, std::string& o) {
-  const std::string nl = indent >= 0 ? "\n" + std::string(static_cast<size_t>(indent * (level + 1)), ' ') : "";
-  const std::string close = indent >= 0 ? "\n" + std::string(static_cast<size_t>(indent * level), ' ') : "";
+  const std::string nl =
+      indent >= 0 ? "\n" + std::string(static_cast<size_t>(indent * (level + 1)), ' ') : "";
+  const std::string close =
+      indent >= 0 ? "\n" + std::string(static_cast<size_t>(indent * level), ' ') : "";
   const std::string sep = indent >= 0 ? "," : ", ";
   switch (v.t) {
     case T::kUndef:
-    case T::kNone: o += "null"; return;
-    case T::kBool: o += v.b ? "true" : "false"; return;
-    case T::kInt: o += std::to_string(v.i); return;
-    case T::kFloat:
-      o += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity") : py_float(v.f);
+    case T::kNone:
+      o += "null";
       return;
-    case T::kStr: o += json_str(v.s); return;
+    case T::kBool:
+      o += v.b ? "true" : "false";
+      return;
+    case T::kInt:
+      o += std::to_string(v.i);
+      return;
+    case T::kFloat:
+      o += std::isnan(v.f)   ? "NaN"
+           : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity")
+                             : py_float(v.f);
+      return;
+    case T::kStr:
+      o += json_str(v.s);
+      return;
     case T::kArr:
       if (v.a->empty()) {
         o += "[]";
@@ -165,7 +201,9 @@ void dump_json(const Value& v, int indent, int level, std::string& o) {
       }
       o += close + "}";
       return;
-    case T::kFunc: o += "null"; return;
+    case T::kFunc:
+      o += "null";
+      return;
   }
 }
 
@@ -192,12 +230,18 @@ std::string py_repr_str(const std::string& s) {
 
 std::string str(const Value& v, bool repr = false) {
   switch (v.t) {
-    case T::kUndef: return "";
-    case T::kNone: return "None";
-    case T::kBool: return v.b ? "True" : "False";
-    case T::kInt: return std::to_string(v.i);
-    case T::kFloat: return py_float(v.f);
-    case T::kStr: return repr ? py_repr_str(v.s) : v.s;
+    case T::kUndef:
+      return "";
+    case T::kNone:
+      return "None";
+    case T::kBool:
+      return v.b ? "True" : "False";
+    case T::kInt:
+      return std::to_string(v.i);
+    case T::kFloat:
+      return py_float(v.f);
+    case T::kStr:
+      return repr ? py_repr_str(v.s) : v.s;
     case T::kArr: {
       std::string o = v.tuple ? "(" : "[";
       for (size_t k = 0; k < v.a->size(); ++k) o += (k ? ", " : "") + str((*v.a)[k], true);
@@ -210,7 +254,8 @@ std::string str(const Value& v, bool repr = false) {
         o += (k ? ", " : "") + py_repr_str((*v.o)[k].first) + ": " + str((*v.o)[k].second, true);
       return o + "}";
     }
-    case T::kFunc: return "<function>";
+    case T::kFunc:
+      return "<function>";
   }
   return "";
 }
@@ -220,11 +265,14 @@ bool equal(const Value& x, const Value& y) {
     if (x.t == T::kBool || y.t == T::kBool) return x.t == y.t ? x.b == y.b : x.num() == y.num();
     return x.num() == y.num();
   }
-  if (x.t != y.t) return (x.undef() || x.t == T::kNone) && (y.undef() || y.t == T::kNone) && x.t == y.t;
+  if (x.t != y.t)
+    return (x.undef() || x.t == T::kNone) && (y.undef() || y.t == T::kNone) && x.t == y.t;
   switch (x.t) {
     case T::kUndef:
-    case T::kNone: return true;
-    case T::kStr: return x.s == y.s;
+    case T::kNone:
+      return true;
+    case T::kStr:
+      return x.s == y.s;
     case T::kArr:
       if (x.a->size() != y.a->size()) return false;
       for (size_t k = 0; k < x.a->size(); ++k)
@@ -237,8 +285,10 @@ bool equal(const Value& x, const Value& y) {
         if (!w || !equal(v, *w)) return false;
       }
       return true;
-    case T::kFunc: return x.fn == y.fn;
-    default: return false;
+    case T::kFunc:
+      return x.fn == y.fn;
+    default:
+      return false;
   }
 }
 
@@ -250,12 +300,18 @@ Value pair(Value k, Value v) {
 
 Value from_json(const nlohmann::ordered_json& j) {
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return Value::none();
-    case nlohmann::ordered_json::value_t::boolean: return Value(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return Value(j.get<int64_t>());
-    case nlohmann::ordered_json::value_t::number_unsigned: return Value(static_cast<int64_t>(j.get<uint64_t>()));
-    case nlohmann::ordered_json::value_t::number_float: return Value(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return Value(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::null:
+      return Value::none();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Value(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      return Value(static_cast<int64_t>(j.get<uint64_t>()));
+    case nlohmann::ordered_json::value_t::number_float:
+      return Value(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return Value(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       Array a;
       for (const auto& x : j) a.push_back(from_json(x));
@@ -266,7 +322,8 @@ Value from_json(const nlohmann::ordered_json& j) {
       for (const auto& [k, x] : j.items()) o.emplace_back(k, from_json(x));
       return Value(std::move(o));
     }
-    default: return Value();
+    default:
+      return Value();
   }
 }
 
@@ -280,10 +337,14 @@ std::vector<size_t> cp_starts(const std::string& s) {
 }
 int64_t length(const Value& v) {
   switch (v.t) {
-    case T::kStr: return static_cast<int64_t>(cp_starts(v.s).size()) - 1;
-    case T::kArr: return static_cast<int64_t>(v.a->size());
-    case T::kObj: return static_cast<int64_t>(v.o->size());
-    default: return 0;
+    case T::kStr:
+      return static_cast<int64_t>(cp_starts(v.s).size()) - 1;
+    case T::kArr:
+      return static_cast<int64_t>(v.a->size());
+    case T::kObj:
+      return static_cast<int64_t>(v.o->size());
+    default:
+      return 0;
   }
 }
 
@@ -291,8 +352,10 @@ int64_t length(const Value& v) {
 Array iter_items(const Value& v, int line) {
   switch (v.t) {
     case T::kUndef:
-    case T::kNone: return {};
-    case T::kArr: return *v.a;
+    case T::kNone:
+      return {};
+    case T::kArr:
+      return *v.a;
     case T::kObj: {
       Array a;
       for (const auto& [k, x] : *v.o) a.emplace_back(k);
@@ -301,10 +364,12 @@ Array iter_items(const Value& v, int line) {
     case T::kStr: {
       Array a;
       const auto at = cp_starts(v.s);
-      for (size_t k = 0; k + 1 < at.size(); ++k) a.emplace_back(v.s.substr(at[k], at[k + 1] - at[k]));
+      for (size_t k = 0; k + 1 < at.size(); ++k)
+        a.emplace_back(v.s.substr(at[k], at[k + 1] - at[k]));
       return a;
     }
-    default: err(line, fmt::format("cannot iterate over {}", str(v, true)));
+    default:
+      err(line, fmt::format("cannot iterate over {}", str(v, true)));
   }
 }
 
@@ -345,7 +410,8 @@ std::string title(std::string s) {
   }
   return s;
 }
-std::string replace_all(std::string s, const std::string& a, const std::string& b, int64_t count = -1) {
+std::string replace_all(std::string s, const std::string& a, const std::string& b,
+                        int64_t count = -1) {
   if (a.empty()) return s;
   std::string o;
   size_t pos = 0;
@@ -381,8 +447,9 @@ Value method(const Value& self, const std::string& name, int line) {
       return Value::func([s, name](Args& a) {
         const Value& p = arg(a, 0, "prefix", Value(""));
         auto one = [&](const std::string& x) {
-          return name == "startswith" ? s.rfind(x, 0) == 0
-                                      : s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
+          return name == "startswith"
+                     ? s.rfind(x, 0) == 0
+                     : s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
         };
         if (p.t == T::kArr) {
           for (const Value& x : *p.a)
@@ -428,8 +495,8 @@ Value method(const Value& self, const std::string& name, int line) {
     if (name == "replace")
       return Value::func([s](Args& a) {
         const Value& n = arg(a, 2, "count", Value(int64_t{-1}));
-        return Value(replace_all(s, str(arg(a, 0, "old", Value(""))), str(arg(a, 1, "new", Value(""))),
-                                 n.t == T::kInt ? n.i : -1));
+        return Value(replace_all(s, str(arg(a, 0, "old", Value(""))),
+                                 str(arg(a, 1, "new", Value(""))), n.t == T::kInt ? n.i : -1));
       });
     if (name == "find")
       return Value::func([s](Args& a) {
@@ -441,7 +508,8 @@ Value method(const Value& self, const std::string& name, int line) {
         const std::string sub = str(arg(a, 0, "sub", Value("")));
         int64_t n = 0;
         if (!sub.empty())
-          for (size_t at = s.find(sub); at != std::string::npos; at = s.find(sub, at + sub.size())) ++n;
+          for (size_t at = s.find(sub); at != std::string::npos; at = s.find(sub, at + sub.size()))
+            ++n;
         return Value(n);
       });
     if (name == "join")
@@ -467,7 +535,8 @@ Value method(const Value& self, const std::string& name, int line) {
       });
     if (name == "isdigit")
       return Value::func([s](Args&) {
-        return Value(!s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }));
+        return Value(!s.empty() &&
+                     std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }));
       });
   }
   if (self.t == T::kObj) {
@@ -526,7 +595,8 @@ Value subscript(const Value& v, const Value& k, int line) {
     if (i < 0 || i >= n) return Value();
     if (v.t == T::kArr) return (*v.a)[static_cast<size_t>(i)];
     const auto at = cp_starts(v.s);
-    return Value(v.s.substr(at[static_cast<size_t>(i)], at[static_cast<size_t>(i) + 1] - at[static_cast<size_t>(i)]));
+    return Value(v.s.substr(at[static_cast<size_t>(i)],
+                            at[static_cast<size_t>(i) + 1] - at[static_cast<size_t>(i)]));
   }
   if (v.t == T::kStr && k.t == T::kStr) return method(v, k.s, line);
   return Value();
@@ -546,14 +616,17 @@ std::vector<Piece> lex(std::string_view src) {
   int line = 1;
   bool trim_next = false;  // '-' on the previous tag: strip the text's leading whitespace
   bool nl_next = false;    // trim_blocks: drop one newline after a block tag
-  auto count_lines = [](std::string_view s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); };
+  auto count_lines = [](std::string_view s) {
+    return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
+  };
   while (pos <= src.size()) {
     size_t open = src.find('{', pos);
     while (open != std::string_view::npos && open + 1 < src.size() && src[open + 1] != '{' &&
            src[open + 1] != '%' && src[open + 1] != '#')
       open = src.find('{', open + 1);
     if (open != std::string_view::npos && open + 1 >= src.size()) open = std::string_view::npos;
-    std::string text(src.substr(pos, open == std::string_view::npos ? std::string_view::npos : open - pos));
+    std::string text(
+        src.substr(pos, open == std::string_view::npos ? std::string_view::npos : open - pos));
     const int text_line = line;
     line += count_lines(text);
     if (nl_next) {
@@ -711,13 +784,27 @@ std::vector<Tok> tokenize(const std::string& s, int line) {
         if (s[e] == '\\' && e + 1 < s.size()) {
           const char x = s[++e];
           switch (x) {
-            case 'n': v += '\n'; break;
-            case 't': v += '\t'; break;
-            case 'r': v += '\r'; break;
-            case '\\': v += '\\'; break;
-            case '\'': v += '\''; break;
-            case '"': v += '"'; break;
-            default: v += '\\'; v += x;
+            case 'n':
+              v += '\n';
+              break;
+            case 't':
+              v += '\t';
+              break;
+            case 'r':
+              v += '\r';
+              break;
+            case '\\':
+              v += '\\';
+              break;
+            case '\'':
+              v += '\'';
+              break;
+            case '"':
+              v += '"';
+              break;
+            default:
+              v += '\\';
+              v += x;
           }
           ++e;
           continue;
@@ -859,7 +946,9 @@ struct SliceE final : Expr {
     if (v.t == T::kStr) {
       const auto at = cp_starts(v.s);
       std::string out;
-      for (int64_t k : idx) out += v.s.substr(at[static_cast<size_t>(k)], at[static_cast<size_t>(k) + 1] - at[static_cast<size_t>(k)]);
+      for (int64_t k : idx)
+        out += v.s.substr(at[static_cast<size_t>(k)],
+                          at[static_cast<size_t>(k) + 1] - at[static_cast<size_t>(k)]);
       return Value(out);
     }
     return Value();
@@ -988,15 +1077,20 @@ struct Binary final : Expr {
       return Value(o);
     }
     if (!x.is_num() || !y.is_num())
-      err(line, fmt::format("unsupported operand types for {}: {} and {}", op, str(x, true), str(y, true)));
+      err(line, fmt::format("unsupported operand types for {}: {} and {}", op, str(x, true),
+                            str(y, true)));
     const bool ints = x.t != T::kFloat && y.t != T::kFloat;
     const double a = x.num(), b = y.num();
-    if (op == "+") return ints ? Value(static_cast<int64_t>(a) + static_cast<int64_t>(b)) : Value(a + b);
-    if (op == "-") return ints ? Value(static_cast<int64_t>(a) - static_cast<int64_t>(b)) : Value(a - b);
-    if (op == "*") return ints ? Value(static_cast<int64_t>(a) * static_cast<int64_t>(b)) : Value(a * b);
+    if (op == "+")
+      return ints ? Value(static_cast<int64_t>(a) + static_cast<int64_t>(b)) : Value(a + b);
+    if (op == "-")
+      return ints ? Value(static_cast<int64_t>(a) - static_cast<int64_t>(b)) : Value(a - b);
+    if (op == "*")
+      return ints ? Value(static_cast<int64_t>(a) * static_cast<int64_t>(b)) : Value(a * b);
     if (b == 0 && (op == "/" || op == "//" || op == "%")) err(line, "division by zero");
     if (op == "/") return Value(a / b);
-    if (op == "//") return ints ? Value(static_cast<int64_t>(std::floor(a / b))) : Value(std::floor(a / b));
+    if (op == "//")
+      return ints ? Value(static_cast<int64_t>(std::floor(a / b))) : Value(std::floor(a / b));
     if (op == "%") {
       if (ints) {
         const int64_t m = static_cast<int64_t>(a) % static_cast<int64_t>(b);
@@ -1004,7 +1098,8 @@ struct Binary final : Expr {
       }
       return Value(a - b * std::floor(a / b));
     }
-    if (op == "**") return ints && b >= 0 ? Value(static_cast<int64_t>(std::pow(a, b))) : Value(std::pow(a, b));
+    if (op == "**")
+      return ints && b >= 0 ? Value(static_cast<int64_t>(std::pow(a, b))) : Value(std::pow(a, b));
     err(line, fmt::format("unknown operator {}", op));
   }
 };
@@ -1014,8 +1109,12 @@ class ExprParser {
   ExprParser(std::vector<Tok> toks, int line) : t_(std::move(toks)), line_(line) {}
   bool at_end() const { return t_[k_].kind == Tok::kEnd; }
   const Tok& peek(size_t d = 0) const { return t_[std::min(k_ + d, t_.size() - 1)]; }
-  bool is_op(std::string_view o, size_t d = 0) const { return peek(d).kind == Tok::kOp && peek(d).s == o; }
-  bool is_name(std::string_view n, size_t d = 0) const { return peek(d).kind == Tok::kName && peek(d).s == n; }
+  bool is_op(std::string_view o, size_t d = 0) const {
+    return peek(d).kind == Tok::kOp && peek(d).s == o;
+  }
+  bool is_name(std::string_view n, size_t d = 0) const {
+    return peek(d).kind == Tok::kName && peek(d).s == n;
+  }
   void expect_op(std::string_view o) {
     if (!is_op(o)) err(line_, fmt::format("expected '{}', found '{}'", o, peek().s));
     ++k_;
@@ -1188,9 +1287,10 @@ class ExprParser {
         t->name = name();
         if (is_op("(")) {
           t->args = call_args();
-        } else if (!at_end() && (peek().kind == Tok::kStr || peek().kind == Tok::kNum ||
-                                 (peek().kind == Tok::kName && !is_name("and") && !is_name("or") &&
-                                  !is_name("else") && !is_name("if") && !is_name("in") && !is_name("not")))) {
+        } else if (!at_end() &&
+                   (peek().kind == Tok::kStr || peek().kind == Tok::kNum ||
+                    (peek().kind == Tok::kName && !is_name("and") && !is_name("or") &&
+                     !is_name("else") && !is_name("if") && !is_name("in") && !is_name("not")))) {
           t->args.pos.push_back(postfix_(primary_()));  // `is equalto 3`, `is sameas none`
         }
         e = std::move(t);
@@ -1352,7 +1452,8 @@ class ExprParser {
       expect_op("}");
       return d;
     }
-    err(line_, t.kind == Tok::kEnd ? "an expression ends too early" : fmt::format("unexpected '{}'", t.s));
+    err(line_,
+        t.kind == Tok::kEnd ? "an expression ends too early" : fmt::format("unexpected '{}'", t.s));
   }
 
   size_t pos() const { return k_; }
@@ -1370,12 +1471,23 @@ std::string html_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
     switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&#34;"; break;
-      case '\'': o += "&#39;"; break;
-      default: o += c;
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&#34;";
+        break;
+      case '\'':
+        o += "&#39;";
+        break;
+      default:
+        o += c;
     }
   }
   return o;
@@ -1451,7 +1563,8 @@ Value apply_filter(Ctx& c, const std::string& name, const Value& v, Args& a, int
         return arg(a, 0, "default", Value(int64_t{0}));
       }
     }
-    return v.is_num() ? Value(static_cast<int64_t>(v.num())) : arg(a, 0, "default", Value(int64_t{0}));
+    return v.is_num() ? Value(static_cast<int64_t>(v.num()))
+                      : arg(a, 0, "default", Value(int64_t{0}));
   }
   if (name == "float") {
     if (v.t == T::kStr) {
@@ -1468,12 +1581,14 @@ Value apply_filter(Ctx& c, const std::string& name, const Value& v, Args& a, int
     return Value(std::fabs(v.num()));
   }
   if (name == "replace")
-    return Value(replace_all(str(v), str(arg(a, 0, "old", Value(""))), str(arg(a, 1, "new", Value("")))));
+    return Value(
+        replace_all(str(v), str(arg(a, 0, "old", Value(""))), str(arg(a, 1, "new", Value("")))));
   if (name == "indent") {
     const Value& w = arg(a, 0, "width", Value(int64_t{4}));
     const bool first = truthy(arg(a, 1, "first", Value(false)));
     const bool blank = truthy(arg(a, 2, "blank", Value(false)));
-    const std::string pad = w.t == T::kStr ? w.s : std::string(static_cast<size_t>(std::max<int64_t>(0, w.i)), ' ');
+    const std::string pad =
+        w.t == T::kStr ? w.s : std::string(static_cast<size_t>(std::max<int64_t>(0, w.i)), ' ');
     const std::string s = str(v);
     std::string o;
     size_t pos = 0;
@@ -1481,7 +1596,9 @@ Value apply_filter(Ctx& c, const std::string& name, const Value& v, Args& a, int
     while (true) {
       const size_t e = s.find('\n', pos);
       const std::string l = s.substr(pos, e == std::string::npos ? std::string::npos : e - pos);
-      if ((is_first && first) || (!is_first && (blank || !strip_chars(l, kSpace, true, true).empty()))) o += pad;
+      if ((is_first && first) ||
+          (!is_first && (blank || !strip_chars(l, kSpace, true, true).empty())))
+        o += pad;
       o += l;
       if (e == std::string::npos) break;
       o += '\n';
@@ -1531,7 +1648,8 @@ Value apply_filter(Ctx& c, const std::string& name, const Value& v, Args& a, int
   if (name == "unique") {
     Array out;
     for (const Value& x : iter_items(v, line))
-      if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equal(x, y); })) out.push_back(x);
+      if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equal(x, y); }))
+        out.push_back(x);
     return Value(std::move(out));
   }
   if (name == "sort") {
@@ -1539,7 +1657,8 @@ Value apply_filter(Ctx& c, const std::string& name, const Value& v, Args& a, int
     const Value& at = arg(a, 2, "attribute", Value());
     const bool rev = truthy(arg(a, 0, "reverse", Value(false)));
     std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
-      const Value xa = at.undef() ? x : attr(x, str(at), line), ya = at.undef() ? y : attr(y, str(at), line);
+      const Value xa = at.undef() ? x : attr(x, str(at), line),
+                  ya = at.undef() ? y : attr(y, str(at), line);
       return rev ? compare(ya, xa, line) < 0 : compare(xa, ya, line) < 0;
     });
     return Value(std::move(items));
@@ -1547,7 +1666,8 @@ Value apply_filter(Ctx& c, const std::string& name, const Value& v, Args& a, int
   if (name == "dictsort") {
     if (v.t != T::kObj) err(line, "dictsort needs a dict");
     Object o = *v.o;
-    std::stable_sort(o.begin(), o.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::stable_sort(o.begin(), o.end(),
+                     [](const auto& x, const auto& y) { return x.first < y.first; });
     Array out;
     for (const auto& [k, x] : o) out.push_back(pair(Value(k), x));
     return Value(std::move(out));
@@ -1723,25 +1843,26 @@ struct Macro final : Node {
     Ctx* cp = &c;
     const Macro* self = this;
     c.set(name, Value::func([cp, self](Args& a) {
-      Ctx& c2 = *cp;
-      if (++c2.depth > 64) err(self->line, fmt::format("macro '{}' calls nest too deeply", self->name));
-      std::map<std::string, Value, std::less<>> scope;
-      for (size_t k = 0; k < self->params.size(); ++k) {
-        const auto& [pn, dflt] = self->params[k];
-        Value v = k < a.pos.size() ? a.pos[k] : Value();
-        for (const auto& [n, x] : a.kw)
-          if (n == pn) v = x;
-        if (v.undef() && dflt) v = dflt->eval(c2);
-        scope[pn] = v;
-      }
-      c2.scopes.push_back(std::move(scope));
-      std::string out;
-      self->body->render(c2, out);
-      c2.scopes.pop_back();
-      c2.loop_ctl = 0;
-      --c2.depth;
-      return Value(out);
-    }));
+            Ctx& c2 = *cp;
+            if (++c2.depth > 64)
+              err(self->line, fmt::format("macro '{}' calls nest too deeply", self->name));
+            std::map<std::string, Value, std::less<>> scope;
+            for (size_t k = 0; k < self->params.size(); ++k) {
+              const auto& [pn, dflt] = self->params[k];
+              Value v = k < a.pos.size() ? a.pos[k] : Value();
+              for (const auto& [n, x] : a.kw)
+                if (n == pn) v = x;
+              if (v.undef() && dflt) v = dflt->eval(c2);
+              scope[pn] = v;
+            }
+            c2.scopes.push_back(std::move(scope));
+            std::string out;
+            self->body->render(c2, out);
+            c2.scopes.pop_back();
+            c2.loop_ctl = 0;
+            --c2.depth;
+            return Value(out);
+          }));
   }
 };
 
@@ -1968,7 +2089,9 @@ std::string Template::render(const nlohmann::ordered_json& context) const {
   });
   g["range"] = Value::func([](Args& a) {
     int64_t lo = 0, hi = 0, st = 1;
-    auto geti = [&](size_t k) { return a.pos[k].t == T::kInt ? a.pos[k].i : static_cast<int64_t>(a.pos[k].num()); };
+    auto geti = [&](size_t k) {
+      return a.pos[k].t == T::kInt ? a.pos[k].i : static_cast<int64_t>(a.pos[k].num());
+    };
     if (a.pos.size() == 1) hi = geti(0);
     if (a.pos.size() >= 2) {
       lo = geti(0);

@@ -82,7 +82,8 @@ TEST(Jinja, ErrorsNameTheirLine) {
   EXPECT_EQ(error_of("{{ x|nosuch }}"), "template: line 1: unknown filter 'nosuch'");
   EXPECT_EQ(error_of("\n\n{{ 'abc }}"), "template: line 3: '{{' is not closed");
   EXPECT_EQ(error_of("{{ 1 + }}"), "template: line 1: an expression ends too early");
-  EXPECT_EQ(error_of("{{ 'a' + 1 }}"), "template: line 1: unsupported operand types for +: 'a' and 1");
+  EXPECT_EQ(error_of("{{ 'a' + 1 }}"),
+            "template: line 1: unsupported operand types for +: 'a' and 1");
   EXPECT_EQ(error_of("{{ x(1) }}", R"({"x": 3})"), "template: line 1: 'x' is not callable");
   EXPECT_EQ(error_of("{{ 1 // 0 }}"), "template: line 1: division by zero");
   EXPECT_EQ(error_of("{{ a"), "template: line 1: '{{' is not closed");

@@ -130,16 +130,7 @@ class Parser {
   }
 
   [[noreturn]] void error(size_t at, std::string_view what) const {
-    size_t line = 1, col = 1;
-    for (size_t i = 0; i < at && i < s_.size(); ++i) {
-      if (s_[i] == '\n') {
-        ++line;
-        col = 1;
-      } else {
-        ++col;
-      }
-    }
-    fail("grammar: line {}, column {}: {}", line, col, what);
+    fail("grammar: {}: {}", line_col(at), what);
   }
   std::string line_col(size_t at) const {
     size_t line = 1, col = 1;
