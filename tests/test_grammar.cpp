@@ -38,13 +38,7 @@ std::string read_text(const fs::path& p) {
 
 // The whole string is a sentence of the grammar.
 bool matches(const GrammarIndex& ix, std::string_view s) {
-  GrammarStacks st = ix.initial(), nx;
-  for (unsigned char c : s) {
-    ix.advance(st, c, nx);
-    if (nx.empty()) return false;
-    st.swap(nx);
-  }
-  return !st.empty() && st.front().empty();
+  return ix.matches(s);
 }
 
 GrammarIndex index_of(std::string_view gbnf) {

@@ -94,6 +94,8 @@ class GrammarIndex {
 
   // The stacks of the start state.
   GrammarStacks initial() const;
+  // The whole text is a sentence of the grammar (the start rule complete after it).
+  bool matches(std::string_view text) const;
   // The stacks after one more byte (empty: the byte is refused).
   void advance(const GrammarStacks& in, unsigned char b, GrammarStacks& out) const;
   // The mask of a state, one bit per id (eog ids excluded: the caller

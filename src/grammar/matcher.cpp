@@ -194,6 +194,16 @@ bool GrammarIndex::accepts(const GrammarStacks& from, std::string_view bytes) co
   return true;
 }
 
+bool GrammarIndex::matches(std::string_view text) const {
+  GrammarStacks st = initial(), nx;
+  for (unsigned char c : text) {
+    advance(st, c, nx);
+    if (nx.empty()) return false;
+    st.swap(nx);
+  }
+  return !st.empty() && st.front().empty();
+}
+
 // The tokens decided by a stack's top positions alone: one walk of the trie
 // from the stack [escape, top...]. A token whose bytes all fit in the top is
 // accepted; one that needs what lies below (the escape marker reached after

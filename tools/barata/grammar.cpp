@@ -22,17 +22,6 @@ struct GrammarArgs {
   std::vector<std::string> check;
 };
 
-// The whole text is a sentence of g.
-bool sentence(const GrammarIndex& ix, std::string_view text) {
-  GrammarStacks st = ix.initial(), nx;
-  for (unsigned char c : text) {
-    ix.advance(st, c, nx);
-    if (nx.empty()) return false;
-    st.swap(nx);
-  }
-  return !st.empty() && st.front().empty();
-}
-
 int run_grammar(const GrammarArgs& a) {
   std::string gbnf;
   if (!a.json_schema.empty()) {
@@ -51,7 +40,7 @@ int run_grammar(const GrammarArgs& a) {
   const GrammarIndex ix(Grammar::parse(gbnf), nullptr);
   int bad = 0;
   for (const std::string& t : a.check) {
-    const bool ok = sentence(ix, t);
+    const bool ok = ix.matches(t);
     fmt::print("{}\t{}\n", ok ? "accepted" : "refused", t);
     bad += ok ? 0 : 1;
   }
