@@ -45,7 +45,7 @@ struct TestServer {
                    .cache_k = cache_k,
                    .cache_v = cache_v}) {
     o.port = 0;
-    if (!o.chat_family) o.chat_family = ChatFamily::kChatML;
+    if (!o.chat) o.chat = std::make_shared<const ChatFormatter>(ChatFamily::kChatML);
     o.model_id = "test-model";
     server = std::make_unique<Server>(o);
     port = server->listen();

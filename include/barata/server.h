@@ -53,7 +53,7 @@ struct ServerOptions {
   // Sampling when a request does not say (temperature and top_p it may set).
   SamplerOptions sampling;
   // The chat template; null: /v1/chat/completions answers 400.
-  std::optional<ChatFamily> chat_family;
+  std::shared_ptr<const ChatFormatter> chat;
   std::string default_system;  // inserted when a conversation has no system message
   // Speculative decoding per request (SchedulerOptions::drafter_for); null: none.
   std::function<std::unique_ptr<Drafter>(const Request&)> drafter_for;
@@ -74,7 +74,7 @@ class Server {
   int listen();
   // The chat template and default system prompt, when they are known only
   // once the model is loaded (before serve()).
-  void set_chat(std::optional<ChatFamily> family, std::string default_system);
+  void set_chat(std::shared_ptr<const ChatFormatter> chat, std::string default_system);
   // The drafter of each request, when it is known only once the model is
   // loaded (before serve()).
   void set_drafter(std::function<std::unique_ptr<Drafter>(const Request&)> drafter_for,

@@ -146,15 +146,47 @@ std::vector<ChatMessage> parse_messages(const json& body) {
     if (!role.is_string()) bad_request(fmt::format("{}.role must be a string", param), param);
     std::string r = role.get<std::string>();
     if (r == "developer") r = "system";
-    if (r != "system" && r != "user" && r != "assistant")
-      bad_request(fmt::format("{}.role '{}' is not one of system, developer, user, assistant",
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool")
+      bad_request(fmt::format("{}.role '{}' is not one of system, developer, user, assistant, tool",
                               param, printable(r, 40)),
                   param + ".role");
-    for (auto it = m.begin(); it != m.end(); ++it)
-      if (it.key() != "role" && it.key() != "content" && it.key() != "name")
-        bad_request(fmt::format("{}: unsupported field '{}'", param, printable(it.key(), 80)),
-                    param + "." + printable(it.key(), 80));
-    out.push_back({r, message_content(field(m, "content"), i)});
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      const std::string& k = it.key();
+      const bool ok = k == "role" || k == "content" || k == "name" ||
+                      (r == "assistant" && (k == "tool_calls" || k == "refusal")) ||
+                      (r == "tool" && k == "tool_call_id");
+      if (!ok)
+        bad_request(fmt::format("{}: unsupported field '{}'", param, printable(k, 80)),
+                    param + "." + printable(k, 80));
+    }
+    ChatMessage msg{r, ""};
+    const json& calls = field(m, "tool_calls");
+    if (!calls.is_null()) {
+      const std::string p = param + ".tool_calls";
+      if (!calls.is_array()) bad_request(fmt::format("{} must be an array", p), p);
+      for (const json& c : calls) {
+        const json& f = c.is_object() ? field(c, "function") : c;
+        if (!f.is_object() || !field(f, "name").is_string() || !field(f, "arguments").is_string())
+          bad_request(fmt::format("{}: each call must be {{\"type\": \"function\", \"function\": "
+                                  "{{\"name\": string, \"arguments\": string}}}}",
+                                  p),
+                      p);
+      }
+      msg.tool_calls = calls.dump();
+    }
+    // An assistant message that only calls tools has null content.
+    const json& content = field(m, "content");
+    if (!(content.is_null() && !msg.tool_calls.empty())) msg.content = message_content(content, i);
+    if (r == "tool") {
+      const json& id = field(m, "tool_call_id");
+      if (!id.is_string())
+        bad_request(fmt::format("{}.tool_call_id must be a string", param),
+                    param + ".tool_call_id");
+      msg.tool_call_id = id.get<std::string>();
+    }
+    const json& name = field(m, "name");
+    if (r == "tool" && name.is_string()) msg.name = name.get<std::string>();
+    out.push_back(std::move(msg));
   }
   return out;
 }

@@ -35,6 +35,7 @@
 #include "openai_request.h"
 #include "barata/file_io.h"
 #include "safe_text.h"
+#include "tool_calls.h"
 
 namespace barata {
 
@@ -90,6 +91,10 @@ struct Job {
   Request req;
   bool stream = false, include_usage = false;
   std::string id;  // "chatcmpl-N" / "cmpl-N"
+  // Tool calls are read from the reply in this syntax (tools given and
+  // tool_choice not "none"); a stream holds back text that may be a call.
+  std::optional<ToolSyntax> tools;
+  bool parallel_tool_calls = true;
   int64_t created = 0;
   Clock::time_point t_arrival;
 
@@ -206,6 +211,7 @@ struct Server::Impl {
   // request's grammar, or null.
   std::shared_ptr<const GrammarIndex> parse_constraint(const json& body, std::string_view raw,
                                                        Kind kind);
+  std::string parse_tools(const json& body, std::string_view raw, Job& job);
   void engine_loop();
   std::string metrics_text();
 };
@@ -462,6 +468,82 @@ std::shared_ptr<const GrammarIndex> Server::Impl::parse_constraint(const json& b
   }
 }
 
+// "tools" and "tool_choice": the tools as JSON text for the template ("" when
+// none reach it), the syntax replies are read in, and for "required" or a
+// named function the grammar of a call.
+std::string Server::Impl::parse_tools(const json& body, std::string_view raw, Job& job) {
+  const json& tools = field(body, "tools");
+  const json& choice = field(body, "tool_choice");
+  if (tools.is_null() || (tools.is_array() && tools.empty())) {
+    if (!choice.is_null() && choice != "none" && choice != "auto")
+      bad_request("'tool_choice' needs 'tools'", "tool_choice");
+    return "";
+  }
+  if (!tools.is_array()) bad_request("'tools' must be an array", "tools");
+  std::vector<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const json& t = tools[i];
+    const std::string p = fmt::format("tools[{}]", i);
+    if (!t.is_object() || field(t, "type") != "function" || !field(t, "function").is_object())
+      bad_request(fmt::format("{} must be {{\"type\": \"function\", \"function\": {{...}}}}", p),
+                  p);
+    const json& f = t["function"];
+    if (!field(f, "name").is_string() || f["name"].get<std::string>().empty())
+      bad_request(fmt::format("{}.function.name must be a non-empty string", p), p);
+    const json& params = field(f, "parameters");
+    if (!params.is_null() && !params.is_object())
+      bad_request(fmt::format("{}.function.parameters must be a JSON Schema (an object)", p), p);
+    names.push_back(f["name"].get<std::string>());
+  }
+  std::string mode = "auto", named;
+  if (choice.is_string()) {
+    mode = choice.get<std::string>();
+    if (mode != "auto" && mode != "none" && mode != "required")
+      bad_request(fmt::format("'tool_choice' '{}' is not one of auto, none, required or a "
+                              "function",
+                              printable(mode, 40)),
+                  "tool_choice");
+  } else if (choice.is_object()) {
+    const json& f = field(choice, "function");
+    if (field(choice, "type") != "function" || !f.is_object() || !field(f, "name").is_string())
+      bad_request(
+          "'tool_choice' must be auto, none, required or {\"type\": \"function\", "
+          "\"function\": {\"name\": ...}}",
+          "tool_choice");
+    named = f["name"].get<std::string>();
+    if (std::find(names.begin(), names.end(), named) == names.end())
+      bad_request(fmt::format("'tool_choice' names no tool in 'tools': '{}'", printable(named, 80)),
+                  "tool_choice");
+    mode = "function";
+  } else if (!choice.is_null()) {
+    bad_request("'tool_choice' must be a string or an object", "tool_choice");
+  }
+  if (mode == "none") return "";
+  if (!o.chat) return "";  // answered below: no chat template
+  const std::optional<ToolSyntax> syntax = tool_syntax_of(*o.chat);
+  if (!syntax)
+    bad_request(fmt::format("'tools': this model's chat template ({}) shows no tool-call syntax "
+                            "barata reads (hermes <tool_call>, llama3 JSON, mistral [TOOL_CALLS])",
+                            o.chat->name()),
+                "tools");
+  job.tools = syntax;
+  // The tools as sent, keys in order (the template prints them; a
+  // grammar writes properties in their order).
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(raw).at("tools");
+  if (mode == "required" || mode == "function") {
+    if (job.req.grammar)
+      bad_request("give either 'tool_choice' required (or a function) or a response format",
+                  "tool_choice");
+    try {
+      job.req.grammar = grammar_index(
+          tool_call_gbnf(*syntax, ordered, mode == "function" ? &named : nullptr), *tok);
+    } catch (const Error& e) {
+      bad_request(printable(e.what(), 400), "tools");
+    }
+  }
+  return ordered.dump();
+}
+
 std::shared_ptr<Job> Server::Impl::parse_job(const json& body, std::string_view raw, Kind kind) {
   if (!body.is_object()) bad_request("the request body must be a JSON object");
   static const std::vector<std::string> kCommon = {"model",
@@ -514,9 +596,7 @@ std::shared_ptr<Job> Server::Impl::parse_job(const json& body, std::string_view 
     const std::optional<int64_t> top = integer_in(body, "top_logprobs", 0, 20);
     if (top && !lp) bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
     if (lp) job->top_logprobs = static_cast<int>(top.value_or(0));
-    only_default(body, "tools", json::array());
-    only_default(body, "tool_choice", "none");
-    only_default(body, "parallel_tool_calls", true);
+    job->parallel_tool_calls = boolean(body, "parallel_tool_calls", true);
     only_default(body, "store", false);
   } else {
     if (!field(body, "logprobs").is_null())
@@ -552,12 +632,14 @@ std::shared_ptr<Job> Server::Impl::parse_job(const json& body, std::string_view 
     if (auto m = integer_in(body, "max_completion_tokens", 1, 1LL << 40)) max_tokens = m;
   job->req.stop = parse_stop(body);
   job->req.grammar = parse_constraint(body, raw, kind);
+  std::string tools_text;
+  if (kind == Kind::kChat) tools_text = parse_tools(body, raw, *job);
 
   // The prompt.
   const bool bos = tok->add_bos_default();
   if (kind == Kind::kChat) {
     std::vector<ChatMessage> msgs = parse_messages(body);
-    if (!o.chat_family)
+    if (!o.chat)
       bad_request(
           "this model has no chat template barata knows; use /v1/completions, or start the "
           "server with --chat-template");
@@ -569,7 +651,7 @@ std::shared_ptr<Job> Server::Impl::parse_job(const json& body, std::string_view 
     // is text (a "<|im_end|>" typed by a client is not a control token)
     // unless --allow-special-in-content.
     std::vector<TextRange> content;
-    const std::string text = apply_chat_template(*o.chat_family, msgs, true, &content);
+    const std::string text = o.chat->apply(msgs, true, &content, tools_text);
     if (o.allow_special_in_content) content.clear();
     job->req.prompt = tok->encode(text, bos, true, content);
   } else {
@@ -641,6 +723,11 @@ json logprobs_json(Kind kind, const json& entries) {
   }
   return {
       {"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+
+// The ids of a reply's tool calls: "call_" + the reply's number + "_" + the index.
+std::string call_id_prefix(const Job& j) {
+  return "call_" + j.id.substr(j.id.rfind('-') + 1) + "_";
 }
 
 json chunk_json(const Job& j, const std::string& model, const std::string* text, const char* finish,
@@ -787,9 +874,20 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     json choice = {
         {"index", 0}, {"finish_reason", openai_finish_reason(job->finish)}, {"logprobs", nullptr}};
     if (job->top_logprobs >= 0) choice["logprobs"] = logprobs_json(kind, job->pending_lp);
-    if (kind == Kind::kChat)
+    if (kind == Kind::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", job->pending}};
-    else
+      if (job->tools) {
+        ToolReply r = parse_tool_calls(*job->tools, job->pending, call_id_prefix(*job));
+        if (!job->parallel_tool_calls && r.calls.size() > 1)
+          r.calls.erase(r.calls.begin() + 1, r.calls.end());
+        if (!r.calls.empty()) {
+          choice["message"]["content"] = r.content.empty() ? json(nullptr) : json(r.content);
+          choice["message"]["tool_calls"] = std::move(r.calls);
+          if (job->finish != FinishReason::kLength && job->finish != FinishReason::kContext)
+            choice["finish_reason"] = "tool_calls";
+        }
+      }
+    } else
       choice["text"] = job->pending;
     const json out = {{"id", job->id},
                       {"object", kind == Kind::kChat ? "chat.completion" : "text_completion"},
@@ -808,10 +906,13 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");  // nginx: pass the stream through unbuffered
   auto first = std::make_shared<bool>(true);
+  // With tools: the reply so far and how much of it went out as content.
+  auto held = std::make_shared<std::string>();
+  auto sent = std::make_shared<size_t>(0);
   ++open_streams;
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, job, first, cancel](size_t, httplib::DataSink& sink) {
+      [this, job, first, cancel, held, sent](size_t, httplib::DataSink& sink) {
         std::string text;
         json lp = json::array();
         bool done = false;
@@ -834,6 +935,35 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
           cancel(job);
           return false;
         }
+        // Tools: text that is or may become a call waits; at the end the
+        // calls go out as OpenAI streams them, each whole in one delta.
+        json calls;
+        if (job->tools) {
+          *held += text;
+          text.clear();
+          if (!done) {
+            const size_t safe = std::max(*sent, tool_text_prefix(*job->tools, *held));
+            text = held->substr(*sent, safe - *sent);
+            *sent = safe;
+          } else if (job->finish != FinishReason::kError &&
+                     job->finish != FinishReason::kCancelled) {
+            ToolReply r = parse_tool_calls(*job->tools, *held, call_id_prefix(*job));
+            if (r.calls.empty()) {
+              text = held->substr(*sent);
+            } else {
+              // The content not yet sent: what follows the text before the call.
+              std::string_view before = std::string_view(*held).substr(0, *sent);
+              while (!before.empty() && std::isspace(static_cast<unsigned char>(before.front())))
+                before.remove_prefix(1);
+              if (r.content.starts_with(before)) text = r.content.substr(before.size());
+              if (!job->parallel_tool_calls && r.calls.size() > 1)
+                r.calls.erase(r.calls.begin() + 1, r.calls.end());
+              calls = std::move(r.calls);
+              for (size_t i = 0; i < calls.size(); ++i) calls[i]["index"] = i;
+            }
+            *sent = held->size();
+          }
+        }
         std::string out;
         if (*first || !text.empty() || !lp.empty()) {
           json c = chunk_json(*job, o.model_id, &text, nullptr, *first);
@@ -850,8 +980,15 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
                                    : ApiError{400, job->error, "invalid_request_error", "", ""};
             out += sse(error_body(e));
           } else {
-            out += sse(
-                chunk_json(*job, o.model_id, nullptr, openai_finish_reason(job->finish), false));
+            const char* finish = openai_finish_reason(job->finish);
+            if (!calls.is_null()) {
+              json c = chunk_json(*job, o.model_id, nullptr, nullptr, *first);
+              c["choices"][0]["delta"]["tool_calls"] = calls;
+              out += sse(c);
+              if (job->finish != FinishReason::kLength && job->finish != FinishReason::kContext)
+                finish = "tool_calls";
+            }
+            out += sse(chunk_json(*job, o.model_id, nullptr, finish, false));
             if (job->include_usage) {
               json u = chunk_json(*job, o.model_id, nullptr, nullptr, false);
               u["choices"] = json::array();
@@ -1209,9 +1346,9 @@ void Server::serve(Engine& engine, const Tokenizer& tok) {
   m.front->stop();
 }
 
-void Server::set_chat(std::optional<ChatFamily> family, std::string default_system) {
+void Server::set_chat(std::shared_ptr<const ChatFormatter> chat, std::string default_system) {
   if (impl_->ready) fail("internal: Server::set_chat after serve");
-  impl_->o.chat_family = family;
+  impl_->o.chat = std::move(chat);
   impl_->o.default_system = std::move(default_system);
 }
 

@@ -19,7 +19,7 @@ namespace {
 
 struct AgreementArgs {
   ModelOptions model;  // the candidate, and -c / -t / --device for both
-  std::string base, prompts_file, chat_template;
+  std::string base, prompts_file, chat_template, chat_template_file;
   int n_gen = 9;
   bool chat = false, json = false;
 };
@@ -54,15 +54,17 @@ int run(const AgreementArgs& a) {
   check_same_vocabulary(base.model, cand.model);
 
   std::vector<std::vector<int32_t>> prompts;
+  const auto format =
+      a.chat ? choose_chat_format(a.chat_template, a.chat_template_file, base) : nullptr;
   for (const std::string& t : texts) {
     std::string text = t;
     bool special = false;
-    if (a.chat) {
+    if (format) {
       std::vector<ChatMessage> msgs;
-      const std::string system = system_prompt_or_default("", base);
+      const std::string system = system_prompt_or_default("", *format);
       if (!system.empty()) msgs.push_back({"system", system});
       msgs.push_back({"user", t});
-      text = apply_chat_template(choose_chat_family(a.chat_template, base), msgs, true);
+      text = format->apply(msgs, true);
       special = true;
     }
     prompts.push_back(base.tok.encode(text, base.tok.add_bos_default(), special));
@@ -110,11 +112,10 @@ Command add_agreement(CLI::App& app) {
                   "Prompts, one a line (default: the questions of the factual battery)")
       ->check(CLI::ExistingFile);
   sub->add_flag("--chat", a->chat, "Wrap each prompt in the base model's chat template");
-  sub->add_option("--chat-template", a->chat_template,
-                  "chatml, llama3, gemma, llama2 or phi3 (implies --chat)");
+  add_chat_template_options(sub, a->chat_template, a->chat_template_file);
   sub->add_flag("--json", a->json, "Print the traces and the agreement as JSON");
   sub->callback([a] {
-    if (!a->chat_template.empty()) a->chat = true;
+    if (!a->chat_template.empty() || !a->chat_template_file.empty()) a->chat = true;
   });
   return {sub, [a] { return run(*a); }};
 }

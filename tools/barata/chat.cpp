@@ -31,7 +31,7 @@ constexpr size_t kMaxConversationBytes = size_t{64} << 20;
 
 struct ChatArgs {
   ModelOptions model;
-  std::string chat_template, system;
+  std::string chat_template, chat_template_file, system;
   int n_predict = 512;
   SamplerOptions sampling;
   GrammarOptions grammar;  // every reply constrained
@@ -132,17 +132,17 @@ class Conversation {
  public:
   Conversation(Session& s, const ChatArgs& a)
       : s_(s),
-        family_(choose_chat_family(a.chat_template, s)),
+        format_(choose_chat_format(a.chat_template, a.chat_template_file, s)),
         sampler_(a.sampling),
         add_bos_(!a.no_bos && s.tok.add_bos_default()),
         n_predict_(a.n_predict),
         reserve_(std::min<int64_t>(a.n_predict, s.n_ctx / 2)),
         grammar_(make_grammar(a.grammar, s)) {
-    const std::string system = system_prompt_or_default(a.system, s);
+    const std::string system = system_prompt_or_default(a.system, *format_);
     if (!system.empty()) msgs_.push_back({"system", system});
   }
 
-  ChatFamily family() const { return family_; }
+  const ChatFormatter& format() const { return *format_; }
 
   // One user turn: fit it into the context, prefill what the cache lacks,
   // stream the reply to stdout, add it to the conversation.
@@ -242,7 +242,7 @@ class Conversation {
  private:
   std::vector<int32_t> render(const std::vector<ChatMessage>& msgs, bool generation_prompt) const {
     if (msgs.empty()) return {};
-    return s_.tok.encode(apply_chat_template(family_, msgs, generation_prompt), add_bos_, true);
+    return s_.tok.encode(format_->apply(msgs, generation_prompt), add_bos_, true);
   }
 
   // Drops the oldest messages after the system prompt (a user turn and the
@@ -312,7 +312,7 @@ class Conversation {
   }
 
   Session& s_;
-  ChatFamily family_;
+  std::shared_ptr<const ChatFormatter> format_;
   Sampler sampler_;
   bool add_bos_;
   int n_predict_;
@@ -348,7 +348,7 @@ int chat(const ChatArgs& a) {
   fmt::print(stderr,
              "barata chat: {} ({} template, context {} tokens, {} threads, load {:.0f} ms)\n"
              "/help for commands; Ctrl-D or /exit to quit\n",
-             s.path, chat_family_name(conv.family()), s.n_ctx, s.engine.n_threads(), s.load_ms);
+             s.path, conv.format().name(), s.n_ctx, s.engine.n_threads(), s.load_ms);
   // Ctrl-C is caught for the whole session: a reply checks it (each turn
   // clears it first); outside a reply it does nothing (at the prompt the
   // terminal's ISIG is off and ^C is the editor's key).
@@ -411,8 +411,7 @@ Command add_chat(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 30));
   add_sampling_options(sub, a->sampling);
   add_grammar_options(sub, a->grammar);
-  sub->add_option("--chat-template", a->chat_template,
-                  "chatml, llama3, gemma, llama2 or phi3 (default: from the file)");
+  add_chat_template_options(sub, a->chat_template, a->chat_template_file);
   sub->add_option("--system", a->system, "System prompt (default: the template's, if any)");
   sub->add_flag("--no-bos", a->no_bos, "Do not add the BOS token");
   return {sub, [a] { return chat(*a); }};

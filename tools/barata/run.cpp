@@ -21,7 +21,7 @@ namespace {
 
 struct RunArgs {
   ModelOptions model;
-  std::string prompt, prompt_file, chat_template, system;
+  std::string prompt, prompt_file, chat_template, chat_template_file, system;
   int n_predict = 256;
   SamplerOptions sampling;
   GrammarOptions grammar;
@@ -42,12 +42,12 @@ struct PromptText {
 PromptText build_prompt(const RunArgs& a, const Session& s, std::string text) {
   PromptText p{std::move(text), a.parse_special};
   if (a.chat) {
-    const ChatFamily family = choose_chat_family(a.chat_template, s);
+    const auto format = choose_chat_format(a.chat_template, a.chat_template_file, s);
     std::vector<ChatMessage> msgs;
-    const std::string system = system_prompt_or_default(a.system, s);
+    const std::string system = system_prompt_or_default(a.system, *format);
     if (!system.empty()) msgs.push_back({"system", system});
     msgs.push_back({"user", p.text});
-    p.text = apply_chat_template(family, msgs, true);
+    p.text = format->apply(msgs, true);
     p.parse_special = true;
   }
   return p;
@@ -190,8 +190,7 @@ Command add_run(CLI::App& app) {
                   "Stop when the text contains this string, which is not printed (repeatable)")
       ->allow_extra_args(false);
   sub->add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template");
-  sub->add_option("--chat-template", a->chat_template,
-                  "chatml, llama3, gemma, llama2 or phi3 (implies --chat)");
+  add_chat_template_options(sub, a->chat_template, a->chat_template_file);
   sub->add_option("--system", a->system, "System prompt for --chat");
   sub->add_flag("--no-bos", a->no_bos, "Do not add the BOS token");
   sub->add_flag(
@@ -206,7 +205,7 @@ Command add_run(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 20));
   add_spec_options(sub, a->spec);
   sub->callback([a] {
-    if (!a->chat_template.empty()) a->chat = true;
+    if (!a->chat_template.empty() || !a->chat_template_file.empty()) a->chat = true;
     if (a->spec.any()) {
       if (a->no_cache) throw CLI::ValidationError("--no-kv-cache", "not with speculative decoding");
       if (a->sampling.repeat_penalty != 1.0f)

@@ -27,7 +27,7 @@ struct ServeArgs {
   ModelOptions model;
   ServerOptions server;
   SpecArgs spec;
-  std::string api_key, api_key_file, chat_template, system, alias;
+  std::string api_key, api_key_file, chat_template, chat_template_file, system, alias;
   double drain_grace_s = 30;
   size_t max_body_kib = 1024;
 };
@@ -96,14 +96,13 @@ int serve(ServeArgs& a) {
              o.slots, o.max_queue, o.api_keys.empty() ? "no API key" : "API key required");
   std::fflush(stdout);
   Session s(session_options(mo));
-  std::optional<ChatFamily> family;
-  if (!a.chat_template.empty())
-    family = chat_family_from_name(a.chat_template);
-  else
-    family = file_chat_family(s);
-  if (!family)
-    spdlog::warn("{}: no chat template barata knows; /v1/chat/completions answers 400", s.path);
-  server.set_chat(family, system_prompt_or_default(a.system, s));
+  std::string why;
+  std::shared_ptr<const ChatFormatter> format =
+      a.chat_template.empty() && a.chat_template_file.empty()
+          ? file_chat_format(s, &why)
+          : choose_chat_format(a.chat_template, a.chat_template_file, s);
+  if (!format) spdlog::warn("{}: {}; /v1/chat/completions answers 400", s.path, why);
+  server.set_chat(format, format ? system_prompt_or_default(a.system, *format) : a.system);
   // Speculative decoding per slot: a drafter per request, over one draft
   // engine whose pool holds every slot's context.
   DraftFactory draft;
@@ -118,7 +117,7 @@ int serve(ServeArgs& a) {
       "barata serve: ready: {} ({} threads, context {}, {} tokens of KV cache, chat "
       "template {}), load {:.0f} ms\n",
       o.model_id, s.engine.n_threads(), s.engine.n_ctx(), s.engine.blocks().max_tokens(),
-      family ? chat_family_name(*family) : "none", s.load_ms);
+      format ? format->name() : "none", s.load_ms);
   std::fflush(stdout);
   server.serve(s.engine, s.tok);
   fmt::print("barata serve: stopped\n");
@@ -147,9 +146,7 @@ Command add_serve(CLI::App& app) {
   sub->add_option("--api-key-file", a->api_key_file, "File of keys, one per line")
       ->check(CLI::ExistingFile)
       ->excludes(key);
-  sub->add_option("--chat-template", a->chat_template,
-                  "chatml, llama3, gemma, llama2 or phi3 (default: from the file)")
-      ->check(CLI::IsMember(chat_family_names()));
+  add_chat_template_options(sub, a->chat_template, a->chat_template_file);
   sub->add_option("--system", a->system,
                   "System prompt when a conversation has none (default: the template's)");
   sub->add_option("--alias", a->alias, "Model name in /v1/models (default: the file's name)");

@@ -189,30 +189,54 @@ SessionOptions session_options(const ModelOptions& o) {
           .experts_on_cpu = o.experts_on == "cpu"};
 }
 
-std::optional<ChatFamily> file_chat_family(const Session& s) {
-  if (auto f = detect_chat_family(s.tok.chat_template())) return f;
+std::shared_ptr<const ChatFormatter> file_chat_format(const Session& s, std::string* why) {
+  std::string reason;
+  if (auto f = ChatFormatter::for_tokenizer(s.tok, &reason)) {
+    if (!reason.empty()) spdlog::warn("{}: {}", s.path, reason);
+    return std::make_shared<const ChatFormatter>(std::move(*f));
+  }
   // A file with no template: its architecture's own format, when the row has one.
   const std::string_view chat = s.model.config().spec->chat;
   if (s.tok.chat_template().empty() && !chat.empty()) {
     spdlog::info("{}: no tokenizer.chat_template; {}'s own chat format ({})", s.path,
                  s.model.config().arch, chat);
-    return chat_family_from_name(chat);
+    return std::make_shared<const ChatFormatter>(chat_family_from_name(chat));
   }
-  return std::nullopt;
+  if (why) *why = reason;
+  return nullptr;
 }
 
-ChatFamily choose_chat_family(const std::string& name, const Session& s) {
-  if (!name.empty()) return chat_family_from_name(name);
-  if (auto f = file_chat_family(s)) return *f;
-  fail("{}: {}; name one with --chat-template ({})", s.path,
-       s.tok.chat_template().empty()
-           ? "the file has no chat template (tokenizer.chat_template)"
-           : "cannot tell the chat template family from tokenizer.chat_template",
-       fmt::join(chat_family_names(), ", "));
+std::shared_ptr<const ChatFormatter> choose_chat_format(const std::string& name,
+                                                        const std::string& file, const Session& s) {
+  if (!name.empty()) return std::make_shared<const ChatFormatter>(chat_family_from_name(name));
+  if (!file.empty()) {
+    const std::string src = read_regular_file(file, "chat template file");
+    try {
+      return std::make_shared<const ChatFormatter>(ChatFormatter::from_jinja(
+          src, s.tok.bos_id() >= 0 ? s.tok.token_text(s.tok.bos_id()) : "",
+          s.tok.eos_id() >= 0 ? s.tok.token_text(s.tok.eos_id()) : "", s.tok.add_bos_default()));
+    } catch (const Error& e) {
+      fail("--chat-template-file {}: {}", file, e.what());
+    }
+  }
+  std::string why;
+  if (auto f = file_chat_format(s, &why)) return f;
+  fail("{}: {}; name a format with --chat-template ({}) or give one with --chat-template-file",
+       s.path, why, fmt::join(chat_family_names(), ", "));
 }
 
-std::string system_prompt_or_default(const std::string& given, const Session& s) {
-  return given.empty() ? default_system_prompt(s.tok.chat_template()) : given;
+void add_chat_template_options(CLI::App* sub, std::string& name, std::string& file) {
+  sub->add_option("--chat-template", name,
+                  "A hand-written chat format in place of the file's own template")
+      ->check(CLI::IsMember(chat_family_names()));
+  sub->add_option("--chat-template-file", file,
+                  "A Jinja chat template (Hugging Face's syntax) in place of the file's own")
+      ->check(CLI::ExistingFile)
+      ->excludes(sub->get_option("--chat-template"));
+}
+
+std::string system_prompt_or_default(const std::string& given, const ChatFormatter& f) {
+  return given.empty() ? f.default_system() : given;
 }
 
 SigintCatcher::SigintCatcher() {

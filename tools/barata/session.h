@@ -65,14 +65,22 @@ std::shared_ptr<const GrammarIndex> make_grammar(const GrammarOptions& o, const 
 // The library's options for these flags, the default model's path filled in.
 SessionOptions session_options(const ModelOptions& o);
 
-// The chat format a file asks for: its tokenizer.chat_template, else its
+// The chat format a file asks for: its own tokenizer.chat_template rendered by
+// the Jinja interpreter; when that cannot be used, the hand-written format its
+// markers name (with one warning saying why); with no template, its
 // architecture row's own format (none for llama, whose files span families).
-std::optional<ChatFamily> file_chat_family(const Session& s);
-// --chat-template NAME when given, else file_chat_family; an error naming
-// the file when neither works.
-ChatFamily choose_chat_family(const std::string& name, const Session& s);
-// `given`, or the default system prompt the file's template inserts.
-std::string system_prompt_or_default(const std::string& given, const Session& s);
+// Null when none; `why` then says why.
+std::shared_ptr<const ChatFormatter> file_chat_format(const Session& s, std::string* why = nullptr);
+// --chat-template NAME (a hand-written format) when given, else
+// --chat-template-file FILE (a Jinja template) when given, else
+// file_chat_format; an error naming the file when none works.
+std::shared_ptr<const ChatFormatter> choose_chat_format(const std::string& name,
+                                                        const std::string& file, const Session& s);
+// The --chat-template and --chat-template-file flags.
+void add_chat_template_options(CLI::App* sub, std::string& name, std::string& file);
+// `given`, or the system prompt a hand-written format inserts ("" for a Jinja
+// template, which inserts its own).
+std::string system_prompt_or_default(const std::string& given, const ChatFormatter& f);
 
 // Ctrl-C sets a flag instead of killing the process while one of these lives.
 class SigintCatcher {
