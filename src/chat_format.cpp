@@ -83,8 +83,8 @@ ChatFormatter ChatFormatter::from_jinja(std::string_view source, std::string bos
 
 std::optional<ChatFormatter> ChatFormatter::for_tokenizer(const Tokenizer& tok, std::string* why) {
   return for_template(tok.chat_template(), tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : "",
-                      tok.eos_id() >= 0 ? tok.token_text(tok.eos_id()) : "",
-                      tok.add_bos_default(), why);
+                      tok.eos_id() >= 0 ? tok.token_text(tok.eos_id()) : "", tok.add_bos_default(),
+                      why);
 }
 
 std::optional<ChatFormatter> ChatFormatter::for_template(std::string_view src,
@@ -128,8 +128,7 @@ std::string ChatFormatter::apply(const std::vector<ChatMessage>& messages,
     const bool calls = std::any_of(messages.begin(), messages.end(),
                                    [](const ChatMessage& m) { return !m.tool_calls.empty(); });
     if (!tools_json.empty() || calls)
-      fail("tools need the model's own chat template; the {} format has no place for them",
-           name());
+      fail("tools need the model's own chat template; the {} format has no place for them", name());
     return apply_chat_template(*family_, messages, add_generation_prompt, content);
   }
   ojson ctx = {{"messages", messages_json(messages, nullptr)},

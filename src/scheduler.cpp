@@ -195,16 +195,63 @@ int Scheduler::submit(Request r) {
     if (on_finish) on_finish(s);
     return id;
   }
-  // Waiting in arrival order (ties: submission order).
-  // Preempted sequences stay at the front.
+  enqueue(s);
+  return id;
+}
+
+// Into the waiting queue in arrival order (ties: submission order);
+// preempted sequences stay at the front.
+void Scheduler::enqueue(const Sequence& s) {
   auto pos = waiting_.end();
   while (pos != waiting_.begin()) {
     const Sequence& w = seq(*(pos - 1));
     if (w.n_preemptions > 0 || w.req.arrival_s <= s.req.arrival_s) break;
     --pos;
   }
-  waiting_.insert(pos, id);
-  return id;
+  waiting_.insert(pos, s.id);
+}
+
+std::vector<int> Scheduler::submit_samples(Request r, int n) {
+  if (n < 1) fail("internal: Scheduler::submit_samples with n = {}", n);
+  if (n > 1 && (r.kv_seq >= 0 || r.sampler))
+    fail("internal: Scheduler::submit_samples: a caller's cache or sampler cannot be shared");
+  std::vector<Request> rest;
+  for (int i = 1; i < n; ++i) {
+    rest.push_back(r);
+    rest.back().sampling.seed = r.sampling.seed + static_cast<uint64_t>(i);
+    rest.back().tag = r.tag + static_cast<uint64_t>(i);
+  }
+  std::vector<int> ids{submit(std::move(r))};
+  for (Request& q : rest) {
+    const int id = submit(std::move(q));
+    ids.push_back(id);
+    Sequence& s = seq(id);
+    Sequence& first = seq(ids[0]);
+    if (s.done() || first.done() || s.status != SeqStatus::kWaiting) continue;
+    // Held until the first's prompt is computed (not queued meanwhile).
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+    s.sample_of = first.id;
+    first.samples.push_back(id);
+  }
+  return ids;
+}
+
+// The first sample's others into the queue: with `fork`, each continues a
+// fork of its cache, which holds the whole prompt now.
+void Scheduler::release_samples(Sequence& first, bool fork) {
+  KvBlockManager& kv = engine_.blocks();
+  std::vector<int> ids;
+  ids.swap(first.samples);
+  for (int id : ids) {
+    Sequence& s = seq(id);
+    s.sample_of = -1;
+    if (fork && first.kv >= 0) {
+      s.req.kv_seq = kv.fork(first.kv);
+      s.owns_fork = true;
+      ++stats_.sample_forks;
+    }
+    enqueue(s);
+  }
 }
 
 bool Scheduler::idle() const {
@@ -212,6 +259,8 @@ bool Scheduler::idle() const {
 }
 
 void Scheduler::fail_request(Sequence& s, std::string why) {
+  if (!s.samples.empty()) release_samples(s, false);
+  if (s.owns_fork && s.kv < 0) release(s, false);
   s.status = SeqStatus::kFailed;
   s.finish = FinishReason::kError;
   s.error = std::move(why);
@@ -224,6 +273,12 @@ void Scheduler::fail_request(Sequence& s, std::string why) {
 // Gives back a sequence's blocks; a caller's sequence keeps what it has
 // computed (keep_computed) or is emptied.
 void Scheduler::release(Sequence& s, bool keep_computed) {
+  if (s.owns_fork) {  // the scheduler's fork: freed whole, never kept
+    if (engine_.blocks().exists(s.req.kv_seq)) engine_.blocks().free_sequence(s.req.kv_seq);
+    if (s.kv == s.req.kv_seq) s.kv = -1;
+    s.req.kv_seq = -1;
+    s.owns_fork = false;
+  }
   if (s.kv >= 0) {
     if (s.kv == s.req.kv_seq)
       engine_.blocks().truncate(s.kv, keep_computed ? s.n_computed : 0);
@@ -235,6 +290,7 @@ void Scheduler::release(Sequence& s, bool keep_computed) {
 }
 
 void Scheduler::finish(Sequence& s, FinishReason r) {
+  if (!s.samples.empty()) release_samples(s, false);
   s.status = SeqStatus::kFinished;
   s.finish = r;
   s.spec.reset();  // the drafter and its cache go now (a verify in flight holds its own reference)
@@ -260,8 +316,13 @@ void Scheduler::preempt(Sequence& s) {
 void Scheduler::cancel(int id) {
   Sequence& s = seq(id);
   if (s.done()) return;
-  if (s.status == SeqStatus::kWaiting) {
+  if (s.sample_of >= 0) {  // held for the first sample's prompt
+    std::vector<int>& v = seq(s.sample_of).samples;
+    v.erase(std::find(v.begin(), v.end(), id));
+    s.sample_of = -1;
+  } else if (s.status == SeqStatus::kWaiting) {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+    release(s, false);  // a fork it was queued with
   } else {
     release(s, true);
     running_.erase(std::find(running_.begin(), running_.end(), id));
@@ -679,6 +740,8 @@ void Scheduler::postprocess() {
       plan_.finished.push_back(&s);
       continue;
     }
+    // The prompt is computed: the other samples fork its cache now.
+    if (!s.samples.empty()) release_samples(s, true);
     if (on_logits) on_logits(s, lg);
     if (s.grammar && !constrain(s, lg)) {
       plan_.finished.push_back(&s);

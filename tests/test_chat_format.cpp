@@ -38,7 +38,8 @@ std::vector<std::vector<ChatMessage>> conversations() {
 // The texts at `ranges` of `text`, joined with '|'.
 std::string at(const std::string& text, const std::vector<TextRange>& ranges) {
   std::string out;
-  for (const TextRange& r : ranges) out += (out.empty() ? "" : "|") + text.substr(r.begin, r.end - r.begin);
+  for (const TextRange& r : ranges)
+    out += (out.empty() ? "" : "|") + text.substr(r.begin, r.end - r.begin);
   return out;
 }
 
@@ -81,26 +82,27 @@ TEST_P(ChatFormatModels, JinjaEqualsTheHandWrittenFormat) {
         hr_sent.push_back(r);
     EXPECT_EQ(at(j, jr), at(h, hr_sent)) << GetParam().file;
     // Without the generation prompt too.
-    EXPECT_EQ(jinja->apply(conv, false), apply_chat_template(family, hand, false)) << GetParam().file;
+    EXPECT_EQ(jinja->apply(conv, false), apply_chat_template(family, hand, false))
+        << GetParam().file;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, ChatFormatModels,
-                         ::testing::Values(
-                             ModelCase{"SmolLM2-135M-Instruct.Q4_1.gguf",
-                                       "You are a helpful AI assistant named SmolLM, trained by "
-                                       "Hugging Face"},
-                             ModelCase{"Qwen2.5-Coder-0.5B-Instruct.gguf", kQwenSystem},
-                             // (gemma-3-270m-q4_k_m.gguf has no template: the
-                             // architecture's own format serves it.)
-                             ModelCase{"Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf", kQwenSystem}),
-                         [](const auto& info) {
-                           std::string n = info.param.file;
-                           n = n.substr(0, n.find(".gguf"));
-                           for (char& c : n)
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, ChatFormatModels,
+    ::testing::Values(ModelCase{"SmolLM2-135M-Instruct.Q4_1.gguf",
+                                "You are a helpful AI assistant named SmolLM, trained by "
+                                "Hugging Face"},
+                      ModelCase{"Qwen2.5-Coder-0.5B-Instruct.gguf", kQwenSystem},
+                      // (gemma-3-270m-q4_k_m.gguf has no template: the
+                      // architecture's own format serves it.)
+                      ModelCase{"Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf", kQwenSystem}),
+    [](const auto& info) {
+      std::string n = info.param.file;
+      n = n.substr(0, n.find(".gguf"));
+      for (char& c : n)
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+      return n;
+    });
 
 TEST(ChatFormat, ContentRangesAreExactOrFound) {
   // A template that keeps the text: exact ranges, also where it repeats
@@ -121,12 +123,12 @@ TEST(ChatFormat, ContentRangesAreExactOrFound) {
   EXPECT_EQ(u, "[user]a b[assistant]c");
   EXPECT_EQ(at(u, r), "a b|c");
   // BOS: removed when the template opens with it (the tokenizer adds it).
-  const auto bos = ChatFormatter::from_jinja("{{ bos_token }}{{ messages[0].content }}{{ eos_token }}",
-                                             "<s>", "</s>", true);
+  const auto bos = ChatFormatter::from_jinja(
+      "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}", "<s>", "</s>", true);
   EXPECT_EQ(bos.apply({{"user", "x"}}, false, &r), "x</s>");
   EXPECT_EQ(at("x</s>", r), "x");
-  const auto keep = ChatFormatter::from_jinja("{{ bos_token }}{{ messages[0].content }}", "<s>",
-                                              "</s>", false);
+  const auto keep =
+      ChatFormatter::from_jinja("{{ bos_token }}{{ messages[0].content }}", "<s>", "</s>", false);
   EXPECT_EQ(keep.apply({{"user", "x"}}, false), "<s>x");
 }
 
@@ -164,7 +166,8 @@ TEST(ChatFormat, ToolsAndToolMessagesReachTheTemplate) {
                     R"([{"type":"function","function":{"name":"weather","parameters":{}}}])"),
             R"(T:weather;user:w?;assistant:<weather {"city": "Oslo"} Oslo>;tool:12 C(c1);)");
   // A hand-written format has no place for tools: an error, not silence.
-  EXPECT_THROW(ChatFormatter(ChatFamily::kChatML).apply({{"user", "x"}}, true, nullptr, "[]"), Error);
+  EXPECT_THROW(ChatFormatter(ChatFamily::kChatML).apply({{"user", "x"}}, true, nullptr, "[]"),
+               Error);
 }
 
 TEST(ChatFormat, FallsBackToTheFamilyWithAReason) {
@@ -179,7 +182,9 @@ TEST(ChatFormat, FallsBackToTheFamilyWithAReason) {
   EXPECT_FALSE(f->is_jinja());
   EXPECT_EQ(f->name(), "chatml");
   EXPECT_EQ(f->default_system(), "Be kind.");
-  EXPECT_NE(why.find("tokenizer.chat_template: template: line 3: unknown tag 'weird'"), std::string::npos) << why;
+  EXPECT_NE(why.find("tokenizer.chat_template: template: line 3: unknown tag 'weird'"),
+            std::string::npos)
+      << why;
   EXPECT_NE(why.find("using the hand-written chatml format"), std::string::npos) << why;
   // One that parses but raises on a one-message conversation: the same.
   f = ChatFormatter::for_template("{{ raise_exception('no') }}<|start_header_id|>", "", "", false,

@@ -671,6 +671,77 @@ TEST(SchedulerEngine, PrefixCacheOnTheTinyModel) {
   }
 }
 
+// n samples of one prompt (Scheduler::submit_samples): the others fork the
+// first's cache once its prompt is computed (the prompt's blocks shared, one
+// row each recomputed), and each equals its seed run alone, also when a
+// small pool preempts them or one is cancelled while it waits.
+TEST(SchedulerEngine, SamplesForkThePromptAndEqualTheirSeedsAlone) {
+  Tiny tiny;
+  Request r;
+  for (int i = 0; i < 37; ++i) r.prompt.push_back(1 + (i * 37) % 500);
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 11;
+  r.max_tokens = 60;
+  constexpr int kN = 4;
+  const auto output = [](const Scheduler& s, int id) {
+    return std::vector<int32_t>(s.sequence(id).output().begin(), s.sequence(id).output().end());
+  };
+  Outputs alone;
+  for (int i = 0; i < kN; ++i) {
+    EngineOwner e(tiny.engine(512));
+    Scheduler s(e, {});
+    Request q = r;
+    q.sampling.seed = r.sampling.seed + static_cast<uint64_t>(i);
+    const int id = s.submit(q);
+    s.run();
+    alone.push_back(output(s, id));
+  }
+  EXPECT_NE(alone[0], alone[1]) << "the seeds should give different samples";
+
+  struct Case {
+    int64_t kv_tokens;
+    bool preempts;
+  };
+  for (const Case c : {Case{512, false}, Case{160, true}}) {
+    EngineOwner e(tiny.engine(c.kv_tokens));
+    SchedulerOptions o;
+    o.slots = kN;
+    o.prefix_cache = false;  // the sharing is the fork's alone
+    Scheduler s(e, o);
+    int64_t max_shared = 0;
+    s.on_token = [&](const Sequence&, int32_t) {
+      max_shared = std::max(max_shared, e.blocks().shared_blocks());
+    };
+    const std::vector<int> ids = s.submit_samples(r, kN);
+    ASSERT_EQ(ids.size(), static_cast<size_t>(kN));
+    s.run();
+    for (int i = 0; i < kN; ++i)
+      EXPECT_EQ(output(s, ids[static_cast<size_t>(i)]), alone[static_cast<size_t>(i)])
+          << "sample " << i << ", " << c.kv_tokens << " KV tokens";
+    EXPECT_EQ(s.stats().sample_forks, kN - 1);
+    EXPECT_EQ(s.stats().preemptions > 0, c.preempts) << s.stats().preemptions;
+    if (!c.preempts) {
+      // The prompt's 3 blocks (2 full, 1 partly filled) held by the samples;
+      // the others computed one row each instead of the 37-token prompt.
+      EXPECT_GE(max_shared, 2);
+      EXPECT_EQ(s.stats().prefill_rows, 37 + (kN - 1));
+    }
+    EXPECT_EQ(e.blocks().free_blocks(), e.blocks().max_blocks()) << "every fork freed";
+  }
+
+  // A sample cancelled while it waits for the first's prompt: the others run.
+  EngineOwner e(tiny.engine(512));
+  Scheduler s(e, {});
+  const std::vector<int> ids = s.submit_samples(r, 3);
+  s.cancel(ids[1]);
+  s.run();
+  EXPECT_EQ(s.sequence(ids[1]).finish, FinishReason::kCancelled);
+  EXPECT_EQ(output(s, ids[0]), alone[0]);
+  EXPECT_EQ(output(s, ids[2]), alone[2]);
+  EXPECT_EQ(s.stats().sample_forks, 1);
+  EXPECT_EQ(e.blocks().free_blocks(), e.blocks().max_blocks());
+}
+
 TEST(SchedulerEngine, StopStringsCutTheTextAndEndTheRequest) {
   Tiny tiny;
   const Tokenizer tok = Tokenizer::from_gguf(tiny.model.file());

@@ -331,6 +331,63 @@ TEST(Server, ChatStreamsDeltasEndsWithUsageAndDone) {
             j["choices"][0]["finish_reason"]);
 }
 
+// n samples: choices in order, each its seed (seed + index) alone, the
+// forks counted, the usage summed; streamed, each index's deltas make its
+// choice and each ends with its own finish_reason.
+TEST(Server, SamplesAreTheirSeedsAloneStreamedOrNot) {
+  TestServer s(stories());
+  httplib::Client c = s.client();
+  const json msgs = json::array({{{"role", "user"}, {"content", "Once upon a time"}}});
+  const json body = {
+      {"messages", msgs}, {"max_tokens", 12}, {"temperature", 1.0}, {"seed", 40}, {"n", 3}};
+  auto r = post(c, "/v1/chat/completions", body);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  int64_t completion = 0;
+  for (int i = 0; i < 3; ++i) {
+    json one = body;
+    one.erase("n");
+    one["seed"] = 40 + i;
+    auto a = post(c, "/v1/chat/completions", one);
+    ASSERT_TRUE(a);
+    const json ja = json::parse(a->body);
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["message"]["content"], ja["choices"][0]["message"]["content"])
+        << "sample " << i;
+    completion += ja["usage"]["completion_tokens"].get<int64_t>();
+  }
+  EXPECT_EQ(j["usage"]["completion_tokens"], completion);
+  EXPECT_EQ(s.metric("barata_sample_forks_total"), 2);
+
+  json sb = body;
+  sb["stream"] = true;
+  auto st = post(c, "/v1/chat/completions", sb);
+  ASSERT_TRUE(st);
+  ASSERT_EQ(st->status, 200);
+  const auto events = sse_events(st->body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::vector<std::string> text(3);
+  std::vector<int> roles(3), finishes(3);
+  for (size_t e = 0; e + 1 < events.size(); ++e) {
+    const json ev = json::parse(events[e]);
+    const json& ch = ev["choices"][0];
+    const int i = ch["index"];
+    ASSERT_TRUE(i >= 0 && i < 3) << events[e];
+    if (ch["delta"].contains("role")) ++roles[static_cast<size_t>(i)];
+    if (ch["delta"].contains("content"))
+      text[static_cast<size_t>(i)] += ch["delta"]["content"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) ++finishes[static_cast<size_t>(i)];
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(text[static_cast<size_t>(i)], j["choices"][i]["message"]["content"]) << i;
+    EXPECT_EQ(roles[static_cast<size_t>(i)], 1) << i;
+    EXPECT_EQ(finishes[static_cast<size_t>(i)], 1) << i;
+  }
+}
+
 // A conversation's second turn resends the first: its blocks come from the
 // prefix cache.
 TEST(Server, ASecondTurnReusesTheFirstTurnsBlocks) {
@@ -406,7 +463,8 @@ TEST(Server, BadRequestsGetOpenAiErrors) {
          "temperature");
   expect(chat, R"({"messages": [{"role": "user", "content": "x"}], "stream": "yes"})", 400,
          "boolean");
-  expect(chat, R"({"messages": [{"role": "user", "content": "x"}], "n": 2})", 400, "'n'");
+  expect(chat, R"({"messages": [{"role": "user", "content": "x"}], "n": 17})", 400, "'n'");
+  expect(chat, R"({"messages": [{"role": "user", "content": "x"}], "n": 0})", 400, "'n'");
   expect(chat, R"({"messages": [{"role": "user", "content": "x"}], "frobnicate": 1})", 400,
          "Unrecognized request argument supplied: frobnicate");
   expect(chat, R"({"messages": [{"role": "user", "content": "x"}], "stop": [1]})", 400, "stop");

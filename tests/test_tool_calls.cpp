@@ -32,8 +32,8 @@ TEST(ToolCalls, HermesBlocksBecomeCalls) {
   EXPECT_EQ(r.calls[1]["function"]["arguments"], "{}");
   // A block cut off by max_tokens after a whole object still counts; one
   // that is not JSON with a name stays text.
-  EXPECT_EQ(parse_tool_calls(ToolSyntax::kHermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}",
-                             "c")
+  EXPECT_EQ(parse_tool_calls(ToolSyntax::kHermes,
+                             "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}", "c")
                 .calls.size(),
             1u);
   const ToolReply bad =
@@ -44,8 +44,8 @@ TEST(ToolCalls, HermesBlocksBecomeCalls) {
 }
 
 TEST(ToolCalls, Llama3AndMistral) {
-  ToolReply r = parse_tool_calls(
-      ToolSyntax::kLlama3, " {\"name\": \"f\", \"parameters\": {\"x\": \"y\"}}", "c_");
+  ToolReply r = parse_tool_calls(ToolSyntax::kLlama3,
+                                 " {\"name\": \"f\", \"parameters\": {\"x\": \"y\"}}", "c_");
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0]["function"]["arguments"], "{\"x\":\"y\"}");
   EXPECT_EQ(r.content, "");
@@ -95,7 +95,8 @@ TEST(ToolCalls, TheGrammarAdmitsOneCallOfTheNamedTools) {
   // Each parse of an accepted call gives the call back.
   const ToolReply r = parse_tool_calls(
       ToolSyntax::kHermes,
-      "<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>", "c");
+      "<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+      "c");
   ASSERT_EQ(r.calls.size(), 1u);
 
   const std::string name = "time";
@@ -123,7 +124,8 @@ TEST(ToolCalls, SyntaxFromTheTemplate) {
   auto syntax = [](const char* src) {
     return tool_syntax_of(ChatFormatter::from_jinja(src, "", "", false));
   };
-  EXPECT_EQ(syntax("{{ '<|im_start|>' }}{% if tools %}<tool_call>{% endif %}"), ToolSyntax::kHermes);
+  EXPECT_EQ(syntax("{{ '<|im_start|>' }}{% if tools %}<tool_call>{% endif %}"),
+            ToolSyntax::kHermes);
   EXPECT_EQ(syntax("[INST]{% if tools %}[TOOL_CALLS]{% endif %}"), ToolSyntax::kMistral);
   EXPECT_EQ(syntax("<|start_header_id|>{% if tools %}<|python_tag|>{% endif %}"),
             ToolSyntax::kLlama3);

@@ -124,6 +124,7 @@ struct SchedulerStats {
   int64_t prompt_tokens = 0;      // over admitted requests (first admission)
   int64_t prefix_hit_tokens = 0;  // prompt tokens taken from the prefix cache
   int64_t prefix_lookups = 0, prefix_hit_blocks = 0;
+  int64_t sample_forks = 0;  // samples that forked the first sample's cache
   int64_t generated_tokens = 0;
   int64_t failed = 0;
   double forward_ms = 0;
@@ -142,6 +143,14 @@ class Scheduler {
   // without a tokenizer) fails at once with an error; the others are
   // unaffected.
   int submit(Request r);
+  // n samples of one prompt (the API's `n`): the request runs as the first;
+  // once its prompt is computed, each other sample forks its cache (the
+  // prompt's blocks shared, copy on write) and recomputes only the prompt's
+  // last token for its own logits, instead of the whole prompt. Sample i
+  // samples with seed r.sampling.seed + i, so it generates what that seed
+  // alone would, and carries tag r.tag + i. Returns the n ids in order. A caller's kv_seq or
+  // sampler cannot be shared: with n > 1 they are an error.
+  std::vector<int> submit_samples(Request r, int n);
 
   // One forward call, or none when nothing can run (nothing waiting, or
   // every waiting request still to arrive). Throws what the engine throws.
@@ -233,6 +242,8 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> seqs_;
   std::vector<int> free_ids_;
   int64_t n_held_ = 0;
+  void enqueue(const Sequence& s);
+  void release_samples(Sequence& first, bool fork);
   std::deque<int> waiting_;   // ids, front first
   std::vector<int> running_;  // ids holding slots, admission order
   SchedulerStats stats_;

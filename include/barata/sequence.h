@@ -114,6 +114,15 @@ struct Sequence {
   std::shared_ptr<SpecSlot> spec;
   // Where it stands in Request::grammar (null: unconstrained).
   std::unique_ptr<GrammarMatcher> grammar;
+
+  // Several samples of one prompt (Scheduler::submit_samples). On the first:
+  // the others, waiting for its prompt to be computed. On another: the
+  // first's id while it waits (-1 once it is queued).
+  std::vector<int> samples;
+  int sample_of = -1;
+  // Its req.kv_seq is a fork of the first sample's cache that the scheduler
+  // made: freed when the sequence gives its blocks back, never kept.
+  bool owns_fork = false;
 };
 
 }  // namespace barata

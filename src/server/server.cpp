@@ -46,6 +46,8 @@ extern const size_t kWebIndexHtmlSize;
 namespace {
 
 using namespace openai;  // ApiError, bad_request and the field checks
+
+constexpr int64_t kMaxSamples = 16;  // a request's `n` at most
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
@@ -85,9 +87,26 @@ thread_local RequestRecord tl_record;
 
 enum class Kind { kChat, kCompletion };
 
+// The lock and wake-up of a request's jobs: one per request, shared by its n
+// samples, so that a stream's writer waits for any of them.
+struct Signal {
+  std::mutex m;
+  std::condition_variable cv;
+};
+
 struct Job {
+  explicit Job(std::shared_ptr<Signal> s = std::make_shared<Signal>())
+      : sig(std::move(s)), m(sig->m), cv(sig->cv) {}
+  std::shared_ptr<Signal> sig;
+  std::mutex& m;
+  std::condition_variable& cv;
+
   // Set by the HTTP thread before it is queued.
   Kind kind = Kind::kChat;
+  int index = 0;  // its choice among the request's n samples
+  int n = 1;      // the request's samples
+  // On the first of n > 1 samples: the others (submitted with it).
+  std::vector<std::shared_ptr<Job>> samples;
   Request req;
   bool stream = false, include_usage = false;
   std::string id;  // "chatcmpl-N" / "cmpl-N"
@@ -98,9 +117,7 @@ struct Job {
   int64_t created = 0;
   Clock::time_point t_arrival;
 
-  // Between the threads.
-  std::mutex m;
-  std::condition_variable cv;
+  // Between the threads (under m).
   std::string pending;  // text not yet taken by the writer
   // logprobs: one entry per generated token, in the reply's shape (chat:
   // {token, logprob, bytes, top_logprobs}; completions: {token, logprob,
@@ -118,7 +135,30 @@ struct Job {
   std::atomic<bool> cancelled{false};
   int seq = -1;      // the scheduler's id (engine thread only)
   uint64_t tag = 0;  // its Request::tag: ids are reused, tags never (engine thread only)
+
+  // A stream's writer thread only: the role went out; with tools, the reply
+  // so far and how much of it went out as content.
+  bool role_sent = false, finish_sent = false;
+  std::string tool_held;
+  size_t tool_sent = 0;
 };
+
+// Another sample of the same request: the same fields, its own results.
+std::shared_ptr<Job> another_sample(const Job& j, int index) {
+  auto s = std::make_shared<Job>(j.sig);
+  s->kind = j.kind;
+  s->index = index;
+  s->req = j.req;
+  s->stream = j.stream;
+  s->include_usage = j.include_usage;
+  s->id = j.id;
+  s->created = j.created;
+  s->t_arrival = j.t_arrival;
+  s->tools = j.tools;
+  s->parallel_tool_calls = j.parallel_tool_calls;
+  s->top_logprobs = j.top_logprobs;
+  return s;
+}
 
 }  // namespace
 
@@ -162,6 +202,7 @@ struct Server::Impl {
   int64_t queue_depth = 0, slots_in_use = 0, kv_used = 0, kv_total = 0, kv_cached = 0;
   int64_t kv_block_bytes = 0, kv_token_bytes = 0;  // in the cache's types (-ctk/-ctv)
   int64_t prefix_hit_tokens = 0, prefix_lookups = 0, prefix_hit_blocks = 0, steps = 0;
+  int64_t sample_forks = 0;
   int64_t draft_rows = 0, draft_accepted = 0;  // speculative decoding
   net::Histogram ttft{net::kTimeBuckets}, latency{net::kTimeBuckets};
   std::deque<double> completions;  // when the last requests finished (seconds since t0)
@@ -212,6 +253,8 @@ struct Server::Impl {
   std::shared_ptr<const GrammarIndex> parse_constraint(const json& body, std::string_view raw,
                                                        Kind kind);
   std::string parse_tools(const json& body, std::string_view raw, Job& job);
+  json choice_json(const Job& j) const;
+  std::string stream_chunks(Job& j, std::string text, json lp, bool done) const;
   void engine_loop();
   std::string metrics_text();
 };
@@ -587,7 +630,7 @@ std::shared_ptr<Job> Server::Impl::parse_job(const json& body, std::string_view 
                     "stream_options");
     job->include_usage = boolean(so, "include_usage", false);
   }
-  only_default(body, "n", 1);
+  job->n = static_cast<int>(integer_in(body, "n", 1, kMaxSamples).value_or(1));
   only_default(body, "logit_bias", json::object());
   const json& user = field(body, "user");
   if (!user.is_null() && !user.is_string()) bad_request("'user' must be a string", "user");
@@ -732,7 +775,7 @@ std::string call_id_prefix(const Job& j) {
 
 json chunk_json(const Job& j, const std::string& model, const std::string* text, const char* finish,
                 bool first) {
-  json choice = {{"index", 0}};
+  json choice = {{"index", j.index}};
   if (j.kind == Kind::kChat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
@@ -812,6 +855,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     const json body = parse_body(req.body);
     job = parse_job(body, req.body, kind);
     job->t_arrival = Clock::now();
+    for (int i = 1; i < job->n; ++i) job->samples.push_back(another_sample(*job, i));
     {
       std::lock_guard<std::mutex> l(inbox_m);
       // Again under the lock: the drain ends once it sees the inbox empty
@@ -819,7 +863,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
       if (!accepting)
         throw ApiError{503, "the server is shutting down", "server_error", "", "shutting_down"};
       // Refused only when every slot and every queue place is taken.
-      if (in_flight >= o.slots + o.max_queue) {
+      if (in_flight + job->n > o.slots + o.max_queue) {
         const int64_t queued = in_flight - o.slots;
         const int retry = retry_after_s(queued);
         res.set_header("Retry-After", std::to_string(retry));
@@ -830,7 +874,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
                        "rate_limit_error", "", "queue_full"};
       }
       inbox.push_back(job);
-      ++in_flight;
+      in_flight += job->n;
     }
     inbox_cv.notify_all();
   } catch (const ApiError& e) {
@@ -847,174 +891,220 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     return;
   }
 
-  auto cancel = [this](const std::shared_ptr<Job>& j) {
-    if (j->cancelled.exchange(true)) return;
+  // The request's jobs: one, or its n samples.
+  std::vector<std::shared_ptr<Job>> group{job};
+  group.insert(group.end(), job->samples.begin(), job->samples.end());
+  auto cancel = [this, group](const std::shared_ptr<Job>&) {
+    bool any = false;
+    for (const auto& j : group) any |= !j->cancelled.exchange(true);
+    if (!any) return;
     {
       std::lock_guard<std::mutex> l(inbox_m);
-      to_cancel.push_back(j);
+      for (const auto& j : group) to_cancel.push_back(j);
     }
     inbox_cv.notify_all();
   };
+  auto all_done = [group] {
+    return std::all_of(group.begin(), group.end(), [](const auto& j) { return j->done; });
+  };
+  // Usage over the samples: the prompt once, every sample's tokens.
+  auto record = [group](json* usage) {
+    int64_t completion = 0;
+    for (const auto& j : group) completion += j->completion_tokens;
+    tl_record.prompt_tokens = group[0]->prompt_tokens;
+    tl_record.completion_tokens = completion;
+    tl_record.ttft_s = group[0]->ttft_s;
+    if (usage)
+      *usage = {{"prompt_tokens", group[0]->prompt_tokens},
+                {"completion_tokens", completion},
+                {"total_tokens", group[0]->prompt_tokens + completion}};
+  };
+  // A sample that failed or was cancelled fails the request.
+  auto failure = [group]() -> std::optional<ApiError> {
+    for (const auto& j : group) {
+      if (j->finish == FinishReason::kCancelled)
+        return ApiError{503, "cancelled: the server is shutting down", "server_error", "",
+                        "shutting_down"};
+      if (j->finish == FinishReason::kError)
+        return ApiError{400, j->error, "invalid_request_error", "", ""};
+    }
+    return std::nullopt;
+  };
 
   if (!job->stream) {
-    std::unique_lock<std::mutex> l(job->m);
-    job->cv.wait(l, [&] { return job->done; });
-    tl_record.prompt_tokens = job->prompt_tokens;
-    tl_record.completion_tokens = job->completion_tokens;
-    tl_record.ttft_s = job->ttft_s;
-    if (job->finish == FinishReason::kError || job->finish == FinishReason::kCancelled) {
-      const bool draining = job->finish == FinishReason::kCancelled;
-      const ApiError e = draining ? ApiError{503, "cancelled: the server is shutting down",
-                                             "server_error", "", "shutting_down"}
-                                  : ApiError{400, job->error, "invalid_request_error", "", ""};
-      send_error(res, e);
-      count(endpoint, e.status);
+    json usage, choices = json::array();
+    {
+      std::unique_lock<std::mutex> l(job->m);
+      job->cv.wait(l, all_done);
+      record(&usage);
+    }
+    if (const auto e = failure()) {
+      send_error(res, *e);
+      count(endpoint, e->status);
       return;
     }
-    json choice = {
-        {"index", 0}, {"finish_reason", openai_finish_reason(job->finish)}, {"logprobs", nullptr}};
-    if (job->top_logprobs >= 0) choice["logprobs"] = logprobs_json(kind, job->pending_lp);
-    if (kind == Kind::kChat) {
-      choice["message"] = {{"role", "assistant"}, {"content", job->pending}};
-      if (job->tools) {
-        ToolReply r = parse_tool_calls(*job->tools, job->pending, call_id_prefix(*job));
-        if (!job->parallel_tool_calls && r.calls.size() > 1)
-          r.calls.erase(r.calls.begin() + 1, r.calls.end());
-        if (!r.calls.empty()) {
-          choice["message"]["content"] = r.content.empty() ? json(nullptr) : json(r.content);
-          choice["message"]["tool_calls"] = std::move(r.calls);
-          if (job->finish != FinishReason::kLength && job->finish != FinishReason::kContext)
-            choice["finish_reason"] = "tool_calls";
-        }
-      }
-    } else
-      choice["text"] = job->pending;
+    for (const auto& j : group) choices.push_back(choice_json(*j));
     const json out = {{"id", job->id},
                       {"object", kind == Kind::kChat ? "chat.completion" : "text_completion"},
                       {"created", job->created},
                       {"model", o.model_id},
-                      {"choices", json::array({choice})},
-                      {"usage", usage_json(*job)}};
+                      {"choices", std::move(choices)},
+                      {"usage", std::move(usage)}};
     res.set_content(out.dump(), "application/json");
     count(endpoint, 200);
     return;
   }
 
   // Streaming: this connection's thread waits for text and writes it; the
-  // engine thread only appends to job->pending.
+  // engine thread only appends to each job's pending text.
   count(endpoint, 200);
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");  // nginx: pass the stream through unbuffered
-  auto first = std::make_shared<bool>(true);
-  // With tools: the reply so far and how much of it went out as content.
-  auto held = std::make_shared<std::string>();
-  auto sent = std::make_shared<size_t>(0);
   ++open_streams;
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, job, first, cancel, held, sent](size_t, httplib::DataSink& sink) {
-        std::string text;
-        json lp = json::array();
-        bool done = false;
+      [this, group, cancel, all_done, record, failure](size_t, httplib::DataSink& sink) {
+        const std::shared_ptr<Job>& job = group[0];
+        struct Taken {
+          std::string text;
+          json lp = json::array();
+          bool done = false;
+        };
+        std::vector<Taken> taken(group.size());
+        bool finished = false;
+        json usage;
         {
           std::unique_lock<std::mutex> l(job->m);
           // Wake now and then to notice a client that went away.
-          job->cv.wait_for(l, std::chrono::milliseconds(50),
-                           [&] { return job->done || !job->pending.empty(); });
-          text.swap(job->pending);
-          // A token's logprobs go with the first chunk whose text follows it.
-          if (!text.empty() || job->done) lp.swap(job->pending_lp);
-          done = job->done;
-          if (done) {
-            tl_record.prompt_tokens = job->prompt_tokens;
-            tl_record.completion_tokens = job->completion_tokens;
-            tl_record.ttft_s = job->ttft_s;
+          job->cv.wait_for(l, std::chrono::milliseconds(50), [&] {
+            return std::any_of(group.begin(), group.end(),
+                               [](const auto& j) { return j->done || !j->pending.empty(); });
+          });
+          for (size_t i = 0; i < group.size(); ++i) {
+            Job& j = *group[i];
+            taken[i].text.swap(j.pending);
+            // A token's logprobs go with the first chunk whose text follows it.
+            if (!taken[i].text.empty() || j.done) taken[i].lp.swap(j.pending_lp);
+            taken[i].done = j.done;
           }
+          finished = all_done();
+          if (finished) record(&usage);
         }
         if (!sink.is_writable()) {
           cancel(job);
           return false;
         }
-        // Tools: text that is or may become a call waits; at the end the
-        // calls go out as OpenAI streams them, each whole in one delta.
-        json calls;
-        if (job->tools) {
-          *held += text;
-          text.clear();
-          if (!done) {
-            const size_t safe = std::max(*sent, tool_text_prefix(*job->tools, *held));
-            text = held->substr(*sent, safe - *sent);
-            *sent = safe;
-          } else if (job->finish != FinishReason::kError &&
-                     job->finish != FinishReason::kCancelled) {
-            ToolReply r = parse_tool_calls(*job->tools, *held, call_id_prefix(*job));
-            if (r.calls.empty()) {
-              text = held->substr(*sent);
-            } else {
-              // The content not yet sent: what follows the text before the call.
-              std::string_view before = std::string_view(*held).substr(0, *sent);
-              while (!before.empty() && std::isspace(static_cast<unsigned char>(before.front())))
-                before.remove_prefix(1);
-              if (r.content.starts_with(before)) text = r.content.substr(before.size());
-              if (!job->parallel_tool_calls && r.calls.size() > 1)
-                r.calls.erase(r.calls.begin() + 1, r.calls.end());
-              calls = std::move(r.calls);
-              for (size_t i = 0; i < calls.size(); ++i) calls[i]["index"] = i;
-            }
-            *sent = held->size();
-          }
-        }
         std::string out;
-        if (*first || !text.empty() || !lp.empty()) {
-          json c = chunk_json(*job, o.model_id, &text, nullptr, *first);
-          if (job->top_logprobs >= 0 && !lp.empty())
-            c["choices"][0]["logprobs"] = logprobs_json(job->kind, lp);
-          out += sse(c);
-          *first = false;
-        }
-        if (done) {
-          if (job->finish == FinishReason::kError || job->finish == FinishReason::kCancelled) {
-            const ApiError e = job->finish == FinishReason::kCancelled
-                                   ? ApiError{503, "cancelled: the server is shutting down",
-                                              "server_error", "", "shutting_down"}
-                                   : ApiError{400, job->error, "invalid_request_error", "", ""};
-            out += sse(error_body(e));
-          } else {
-            const char* finish = openai_finish_reason(job->finish);
-            if (!calls.is_null()) {
-              json c = chunk_json(*job, o.model_id, nullptr, nullptr, *first);
-              c["choices"][0]["delta"]["tool_calls"] = calls;
-              out += sse(c);
-              if (job->finish != FinishReason::kLength && job->finish != FinishReason::kContext)
-                finish = "tool_calls";
-            }
-            out += sse(chunk_json(*job, o.model_id, nullptr, finish, false));
-            if (job->include_usage) {
-              json u = chunk_json(*job, o.model_id, nullptr, nullptr, false);
-              u["choices"] = json::array();
-              u["usage"] = usage_json(*job);
-              out += sse(u);
-            }
+        const auto e = finished ? failure() : std::nullopt;
+        if (e) {
+          out += sse(error_body(*e));
+        } else {
+          for (size_t i = 0; i < group.size(); ++i)
+            if (!group[i]->finish_sent)
+              out += stream_chunks(*group[i], std::move(taken[i].text), std::move(taken[i].lp),
+                                   taken[i].done);
+          if (finished && job->include_usage) {
+            json u = chunk_json(*job, o.model_id, nullptr, nullptr, false);
+            u["choices"] = json::array();
+            u["usage"] = usage;
+            out += sse(u);
           }
-          out += "data: [DONE]\n\n";
         }
+        if (finished) out += "data: [DONE]\n\n";
         if (!out.empty() && !sink.write(out.data(), out.size())) {
           cancel(job);
           return false;
         }
-        if (done) sink.done();
+        if (finished) sink.done();
         return true;
       },
-      [this, job, cancel](bool) {
+      [this, group, cancel, all_done](bool) {
         // However the response ended: a request still running is cancelled.
         bool done;
         {
-          std::lock_guard<std::mutex> l(job->m);
-          done = job->done;
+          std::lock_guard<std::mutex> l(group[0]->m);
+          done = all_done();
         }
-        if (!done) cancel(job);
+        if (!done) cancel(group[0]);
         --open_streams;
       });
+}
+
+// A finished job's choice in a whole reply.
+json Server::Impl::choice_json(const Job& j) const {
+  json choice = {
+      {"index", j.index}, {"finish_reason", openai_finish_reason(j.finish)}, {"logprobs", nullptr}};
+  if (j.top_logprobs >= 0) choice["logprobs"] = logprobs_json(j.kind, j.pending_lp);
+  if (j.kind != Kind::kChat) {
+    choice["text"] = j.pending;
+    return choice;
+  }
+  choice["message"] = {{"role", "assistant"}, {"content", j.pending}};
+  if (j.tools) {
+    ToolReply r = parse_tool_calls(*j.tools, j.pending, call_id_prefix(j));
+    if (!j.parallel_tool_calls && r.calls.size() > 1)
+      r.calls.erase(r.calls.begin() + 1, r.calls.end());
+    if (!r.calls.empty()) {
+      choice["message"]["content"] = r.content.empty() ? json(nullptr) : json(r.content);
+      choice["message"]["tool_calls"] = std::move(r.calls);
+      if (j.finish != FinishReason::kLength && j.finish != FinishReason::kContext)
+        choice["finish_reason"] = "tool_calls";
+    }
+  }
+  return choice;
+}
+
+// A stream's events for what one job produced since the last call: its text
+// and logprobs; once it is done, its tool calls and its finish_reason.
+// Writer thread only (it keeps the job's stream state).
+std::string Server::Impl::stream_chunks(Job& j, std::string text, json lp, bool done) const {
+  // Tools: text that is or may become a call waits; at the end the calls go
+  // out as OpenAI streams them, each whole in one delta.
+  json calls;
+  if (j.tools) {
+    j.tool_held += text;
+    text.clear();
+    if (!done) {
+      const size_t safe = std::max(j.tool_sent, tool_text_prefix(*j.tools, j.tool_held));
+      text = j.tool_held.substr(j.tool_sent, safe - j.tool_sent);
+      j.tool_sent = safe;
+    } else {
+      ToolReply r = parse_tool_calls(*j.tools, j.tool_held, call_id_prefix(j));
+      if (r.calls.empty()) {
+        text = j.tool_held.substr(j.tool_sent);
+      } else {
+        // The content not yet sent: what follows the text before the call.
+        std::string_view before = std::string_view(j.tool_held).substr(0, j.tool_sent);
+        while (!before.empty() && std::isspace(static_cast<unsigned char>(before.front())))
+          before.remove_prefix(1);
+        if (r.content.starts_with(before)) text = r.content.substr(before.size());
+        if (!j.parallel_tool_calls && r.calls.size() > 1)
+          r.calls.erase(r.calls.begin() + 1, r.calls.end());
+        calls = std::move(r.calls);
+        for (size_t i = 0; i < calls.size(); ++i) calls[i]["index"] = i;
+      }
+      j.tool_sent = j.tool_held.size();
+    }
+  }
+  std::string out;
+  if (!j.role_sent || !text.empty() || !lp.empty()) {
+    json c = chunk_json(j, o.model_id, &text, nullptr, !j.role_sent);
+    if (j.top_logprobs >= 0 && !lp.empty()) c["choices"][0]["logprobs"] = logprobs_json(j.kind, lp);
+    out += sse(c);
+    j.role_sent = true;
+  }
+  if (!done) return out;
+  const char* finish = openai_finish_reason(j.finish);
+  if (!calls.is_null()) {
+    json c = chunk_json(j, o.model_id, nullptr, nullptr, false);
+    c["choices"][0]["delta"]["tool_calls"] = calls;
+    out += sse(c);
+    if (j.finish != FinishReason::kLength && j.finish != FinishReason::kContext)
+      finish = "tool_calls";
+  }
+  out += sse(chunk_json(j, o.model_id, nullptr, finish, false));
+  j.finish_sent = true;
+  return out;
 }
 
 std::string Server::Impl::metrics_text() {
@@ -1060,6 +1150,9 @@ std::string Server::Impl::metrics_text() {
         draft_accepted);
   gauge("barata_prefix_cache_hit_blocks_total", "Blocks found in the prefix cache", "counter",
         prefix_hit_blocks);
+  gauge("barata_sample_forks_total",
+        "Samples (n > 1) that forked the first sample's cache instead of computing the prompt",
+        "counter", sample_forks);
   ttft.write(out, "barata_time_to_first_token_seconds", "Arrival to first token");
   latency.write(out, "barata_request_latency_seconds", "Arrival to last token");
   return out;
@@ -1232,6 +1325,7 @@ void Server::Impl::engine_loop() {
     draft_rows = st.draft_rows;
     draft_accepted = st.accepted;
     prefix_hit_blocks = st.prefix_hit_blocks;
+    sample_forks = st.sample_forks;
     generated_tokens = st.generated_tokens;
     steps = st.steps;
   };
@@ -1261,18 +1355,27 @@ void Server::Impl::engine_loop() {
     for (auto& j : incoming) {
       if (j->cancelled) {
         finish_unsubmitted(j, FinishReason::kCancelled);
+        for (auto& x : j->samples) finish_unsubmitted(x, FinishReason::kCancelled);
         continue;
       }
       Request r = std::move(j->req);
       r.id = j->id;
       r.arrival_s = sch.now();  // the scheduler's clock counts from t0 too
-      r.tag = j->tag = ++next_tag;
+      // Sample i's tag is the first's + i (Scheduler::submit_samples).
+      r.tag = j->tag = next_tag + 1;
+      next_tag += static_cast<uint64_t>(j->n);
       live[r.tag] = j;  // before submit: a refused request finishes inside it
+      for (auto& x : j->samples) {
+        x->tag = j->tag + static_cast<uint64_t>(x->index);
+        live[x->tag] = x;
+      }
       {
         std::lock_guard<std::mutex> l(metrics_m);
         prompt_tokens += static_cast<int64_t>(r.prompt.size());
       }
-      j->seq = sch.submit(std::move(r));
+      const std::vector<int> ids = sch.submit_samples(std::move(r), j->n);
+      j->seq = ids[0];
+      for (auto& x : j->samples) x->seq = ids[static_cast<size_t>(x->index)];
     }
     // A job's id may since have gone to another request: its tag says.
     auto cancel_job = [&sch](const Job& j) {

@@ -86,7 +86,8 @@ ToolReply parse_tool_calls(ToolSyntax s, std::string_view text, std::string_view
         }
         const size_t body = open + kHermesOpen.size();
         size_t close = text.find(kHermesClose, body);
-        const size_t end = close == std::string_view::npos ? text.size() : close + kHermesClose.size();
+        const size_t end =
+            close == std::string_view::npos ? text.size() : close + kHermesClose.size();
         if (close == std::string_view::npos) close = text.size();
         json c = call_of(parse_or_null(trim(text.substr(body, close - body))), id_prefix,
                          r.calls.size());
@@ -154,8 +155,7 @@ size_t tool_text_prefix(ToolSyntax s, std::string_view text) {
     case ToolSyntax::kLlama3: {
       // A call is the whole reply: hold a reply that opens like one.
       const std::string_view t = trim(text);
-      if (t.empty() || t.starts_with("{") || t.starts_with(kPythonTag) ||
-          kPythonTag.starts_with(t))
+      if (t.empty() || t.starts_with("{") || t.starts_with(kPythonTag) || kPythonTag.starts_with(t))
         return 0;
       return text.size();
     }
@@ -171,8 +171,9 @@ std::string tool_call_gbnf(ToolSyntax s, const ojson& tools, const std::string* 
     const ojson& f = t.at("function");
     const std::string fn = f.at("name").get<std::string>();
     if (name && fn != *name) continue;
-    ojson params = f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"]
-                                                                           : ojson{{"type", "object"}};
+    ojson params = f.contains("parameters") && !f["parameters"].is_null()
+                       ? f["parameters"]
+                       : ojson{{"type", "object"}};
     ojson props = ojson::object();
     props["name"] = {{"const", fn}};
     props[args_key] = std::move(params);

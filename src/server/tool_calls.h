@@ -30,8 +30,8 @@ const char* tool_syntax_name(ToolSyntax s);
 std::optional<ToolSyntax> tool_syntax_of(const ChatFormatter& f);
 
 struct ToolReply {
-  std::string content;                                     // the text outside the calls
-  nlohmann::json calls = nlohmann::json::array();          // OpenAI's tool_calls
+  std::string content;                             // the text outside the calls
+  nlohmann::json calls = nlohmann::json::array();  // OpenAI's tool_calls
 };
 // The calls in a whole reply; a call that is not valid JSON with a name stays
 // text. Each call's id is id_prefix + its index.
@@ -42,8 +42,8 @@ ToolReply parse_tool_calls(ToolSyntax s, std::string_view text, std::string_view
 size_t tool_text_prefix(ToolSyntax s, std::string_view text);
 
 // A GBNF grammar that admits exactly one call of one of `tools` (OpenAI's
-// array, already checked; ordered: properties are written in their order) whose arguments follow the function's parameter
-// schema; only `name` when given. Throws barata::Error naming the schema
+// array, already checked; ordered: properties are written in their order) whose arguments follow
+// the function's parameter schema; only `name` when given. Throws barata::Error naming the schema
 // keyword it cannot express.
 std::string tool_call_gbnf(ToolSyntax s, const nlohmann::ordered_json& tools,
                            const std::string* name);

@@ -6,7 +6,8 @@ Python's json and validated with jsonschema: 100% must pass. The same
 prompts without response_format are counted too (printed, not asserted):
 what the constraint buys. Then json_object mode, a streamed reply equal to
 the plain one, llama-server's "grammar" field, and the 400s naming what is
-wrong."""
+wrong. Last, n > 1: the samples fork the first's cache and each equals its
+seed alone."""
 import concurrent.futures as cf
 import json
 import os
@@ -241,3 +242,36 @@ with Server("--slots", "2", "-t", "2") as s:
           f"completions logprobs: {L.tokens}")
     m = bad("top_logprobs", top_logprobs=2)
     check("logprobs" in m, f"top_logprobs without logprobs: {m}")
+
+    # n samples of one prompt: the others fork the first's cache (the
+    # metrics count the forks), sample i equals seed + i alone, streamed or
+    # not, and a grammar holds for each.
+    msgs = [{"role": "user", "content": "Name a colour and say why you like it."}]
+    forks0 = s.metrics().get("barata_sample_forks_total", 0)
+    r = c.chat.completions.create(model="x", messages=msgs, max_tokens=16, temperature=0.9, seed=21, n=4)
+    check([ch.index for ch in r.choices] == [0, 1, 2, 3], f"n=4: four choices in order ({len(r.choices)})")
+    alone = [c.chat.completions.create(model="x", messages=msgs, max_tokens=16, temperature=0.9, seed=21 + i)
+             for i in range(4)]
+    check([ch.message.content for ch in r.choices] == [a.choices[0].message.content for a in alone],
+          "each sample equals its seed (seed + index) alone")
+    check(len({ch.message.content for ch in r.choices}) > 1, "the samples differ")
+    check(r.usage.prompt_tokens == alone[0].usage.prompt_tokens
+          and r.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone),
+          f"usage: the prompt once, every sample's tokens ({r.usage})")
+    check(s.metrics().get("barata_sample_forks_total", 0) - forks0 == 3,
+          "three samples forked the first's cache instead of computing the prompt")
+    texts = {}
+    for ch in c.chat.completions.create(model="x", messages=msgs, max_tokens=16, temperature=0.9, seed=21, n=4,
+                                        stream=True):
+        for x in ch.choices:
+            texts[x.index] = texts.get(x.index, "") + (x.delta.content or "")
+    check([texts[i] for i in range(4)] == [ch.message.content for ch in r.choices],
+          "streamed: each index's text equals the plain sample")
+    j = c.chat.completions.create(model="x", messages=[{"role": "user", "content": "A JSON object about a cat."}],
+                                  max_tokens=80, temperature=1.0, seed=3, n=3, response_format={"type": "json_object"})
+    check(all(ch.finish_reason != "stop" or isinstance(json.loads(ch.message.content), dict) for ch in j.choices)
+          and sum(ch.finish_reason == "stop" for ch in j.choices) >= 1,
+          f"n=3 under json_object: every finished sample is an object ({[ch.finish_reason for ch in j.choices]})")
+    m = bad("n", n=17)
+    check("'n'" in m, f"n above 16: {m}")
+print("all structured-output tests passed")

@@ -227,8 +227,8 @@ std::shared_ptr<const ChatFormatter> choose_chat_format(const std::string& name,
 
 void add_chat_template_options(CLI::App* sub, std::string& name, std::string& file) {
   sub->add_option("--chat-template", name,
-                  "A hand-written chat format in place of the file's own template")
-      ->check(CLI::IsMember(chat_family_names()));
+                  "A hand-written chat format in place of the file's own template: chatml, "
+                  "llama3, gemma, llama2 or phi3");
   sub->add_option("--chat-template-file", file,
                   "A Jinja chat template (Hugging Face's syntax) in place of the file's own")
       ->check(CLI::ExistingFile)
