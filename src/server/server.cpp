@@ -35,6 +35,7 @@
 #include "openai_request.h"
 #include "barata/file_io.h"
 #include "safe_text.h"
+#include "reply.h"
 #include "tool_calls.h"
 
 namespace barata {
@@ -48,7 +49,6 @@ namespace {
 using namespace openai;  // ApiError, bad_request and the field checks
 
 constexpr int64_t kMaxSamples = 16;  // a request's `n` at most
-using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -84,81 +84,6 @@ struct RequestRecord {
 thread_local RequestRecord tl_record;
 
 // ---- one request --------------------------------------------------------------------
-
-enum class Kind { kChat, kCompletion };
-
-// The lock and wake-up of a request's jobs: one per request, shared by its n
-// samples, so that a stream's writer waits for any of them.
-struct Signal {
-  std::mutex m;
-  std::condition_variable cv;
-};
-
-struct Job {
-  explicit Job(std::shared_ptr<Signal> s = std::make_shared<Signal>())
-      : sig(std::move(s)), m(sig->m), cv(sig->cv) {}
-  std::shared_ptr<Signal> sig;
-  std::mutex& m;
-  std::condition_variable& cv;
-
-  // Set by the HTTP thread before it is queued.
-  Kind kind = Kind::kChat;
-  int index = 0;  // its choice among the request's n samples
-  int n = 1;      // the request's samples
-  // On the first of n > 1 samples: the others (submitted with it).
-  std::vector<std::shared_ptr<Job>> samples;
-  Request req;
-  bool stream = false, include_usage = false;
-  std::string id;  // "chatcmpl-N" / "cmpl-N"
-  // Tool calls are read from the reply in this syntax (tools given and
-  // tool_choice not "none"); a stream holds back text that may be a call.
-  std::optional<ToolSyntax> tools;
-  bool parallel_tool_calls = true;
-  int64_t created = 0;
-  Clock::time_point t_arrival;
-
-  // Between the threads (under m).
-  std::string pending;  // text not yet taken by the writer
-  // logprobs: one entry per generated token, in the reply's shape (chat:
-  // {token, logprob, bytes, top_logprobs}; completions: {token, logprob,
-  // top: {token: logprob}}); a stream takes them with the text.
-  json pending_lp = json::array();
-  int top_logprobs = -1;      // -1: no logprobs; else how many alternatives per token
-  std::vector<float> lp_row;  // engine thread: the raw logits of the token being sampled
-  double lp_lse = 0;
-  size_t lp_offset = 0;  // the text's length before that token
-  bool done = false;
-  FinishReason finish = FinishReason::kNone;
-  std::string error;
-  int64_t prompt_tokens = 0, completion_tokens = 0;
-  double ttft_s = -1;  // arrival to the first token
-  std::atomic<bool> cancelled{false};
-  int seq = -1;      // the scheduler's id (engine thread only)
-  uint64_t tag = 0;  // its Request::tag: ids are reused, tags never (engine thread only)
-
-  // A stream's writer thread only: the role went out; with tools, the reply
-  // so far and how much of it went out as content.
-  bool role_sent = false, finish_sent = false;
-  std::string tool_held;
-  size_t tool_sent = 0;
-};
-
-// Another sample of the same request: the same fields, its own results.
-std::shared_ptr<Job> another_sample(const Job& j, int index) {
-  auto s = std::make_shared<Job>(j.sig);
-  s->kind = j.kind;
-  s->index = index;
-  s->req = j.req;
-  s->stream = j.stream;
-  s->include_usage = j.include_usage;
-  s->id = j.id;
-  s->created = j.created;
-  s->t_arrival = j.t_arrival;
-  s->tools = j.tools;
-  s->parallel_tool_calls = j.parallel_tool_calls;
-  s->top_logprobs = j.top_logprobs;
-  return s;
-}
 
 }  // namespace
 
@@ -253,8 +178,6 @@ struct Server::Impl {
   std::shared_ptr<const GrammarIndex> parse_constraint(const json& body, std::string_view raw,
                                                        Kind kind);
   std::string parse_tools(const json& body, std::string_view raw, Job& job);
-  json choice_json(const Job& j) const;
-  std::string stream_chunks(Job& j, std::string text, json lp, bool done) const;
   void engine_loop();
   std::string metrics_text();
 };
@@ -736,70 +659,6 @@ std::shared_ptr<Job> Server::Impl::parse_job(const json& body, std::string_view 
   return job;
 }
 
-namespace {
-
-json usage_json(const Job& j) {
-  return {{"prompt_tokens", j.prompt_tokens},
-          {"completion_tokens", j.completion_tokens},
-          {"total_tokens", j.prompt_tokens + j.completion_tokens}};
-}
-
-// The logprobs object of a reply or chunk holding these entries.
-json logprobs_json(Kind kind, const json& entries) {
-  if (kind == Kind::kChat) {
-    json content = json::array();
-    for (const json& e : entries)
-      content.push_back({{"token", e["token"]},
-                         {"logprob", e["logprob"]},
-                         {"bytes", e["bytes"]},
-                         {"top_logprobs", e["top"]}});
-    return {{"content", content}};
-  }
-  json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
-  for (const json& e : entries) {
-    tokens.push_back(e["token"]);
-    lps.push_back(e["logprob"]);
-    json t = json::object();
-    for (const json& a : e["top"]) t[a["token"].get<std::string>()] = a["logprob"];
-    tops.push_back(t);
-    offs.push_back(e["offset"]);
-  }
-  return {
-      {"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
-}
-
-// The ids of a reply's tool calls: "call_" + the reply's number + "_" + the index.
-std::string call_id_prefix(const Job& j) {
-  return "call_" + j.id.substr(j.id.rfind('-') + 1) + "_";
-}
-
-json chunk_json(const Job& j, const std::string& model, const std::string* text, const char* finish,
-                bool first) {
-  json choice = {{"index", j.index}};
-  if (j.kind == Kind::kChat) {
-    json delta = json::object();
-    if (first) delta["role"] = "assistant";
-    if (text) delta["content"] = *text;
-    choice["delta"] = delta;
-    choice["logprobs"] = nullptr;
-  } else {
-    choice["text"] = text ? *text : std::string();
-    choice["logprobs"] = nullptr;
-  }
-  choice["finish_reason"] = finish ? json(finish) : json(nullptr);
-  return {{"id", j.id},
-          {"object", j.kind == Kind::kChat ? "chat.completion.chunk" : "text_completion"},
-          {"created", j.created},
-          {"model", model},
-          {"choices", json::array({choice})}};
-}
-
-std::string sse(const json& j) {
-  return "data: " + j.dump() + "\n\n";
-}
-
-}  // namespace
-
 void Server::Impl::log_request(const std::string& method, const std::string& target, int status,
                                const std::string& peer, const RequestRecord& r,
                                const std::string& error) {
@@ -1001,8 +860,8 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
         } else {
           for (size_t i = 0; i < group.size(); ++i)
             if (!group[i]->finish_sent)
-              out += stream_chunks(*group[i], std::move(taken[i].text), std::move(taken[i].lp),
-                                   taken[i].done);
+              out += stream_chunks(*group[i], o.model_id, std::move(taken[i].text),
+                                   std::move(taken[i].lp), taken[i].done);
           if (finished && job->include_usage) {
             json u = chunk_json(*job, o.model_id, nullptr, nullptr, false);
             u["choices"] = json::array();
@@ -1028,83 +887,6 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
         if (!done) cancel(group[0]);
         --open_streams;
       });
-}
-
-// A finished job's choice in a whole reply.
-json Server::Impl::choice_json(const Job& j) const {
-  json choice = {
-      {"index", j.index}, {"finish_reason", openai_finish_reason(j.finish)}, {"logprobs", nullptr}};
-  if (j.top_logprobs >= 0) choice["logprobs"] = logprobs_json(j.kind, j.pending_lp);
-  if (j.kind != Kind::kChat) {
-    choice["text"] = j.pending;
-    return choice;
-  }
-  choice["message"] = {{"role", "assistant"}, {"content", j.pending}};
-  if (j.tools) {
-    ToolReply r = parse_tool_calls(*j.tools, j.pending, call_id_prefix(j));
-    if (!j.parallel_tool_calls && r.calls.size() > 1)
-      r.calls.erase(r.calls.begin() + 1, r.calls.end());
-    if (!r.calls.empty()) {
-      choice["message"]["content"] = r.content.empty() ? json(nullptr) : json(r.content);
-      choice["message"]["tool_calls"] = std::move(r.calls);
-      if (j.finish != FinishReason::kLength && j.finish != FinishReason::kContext)
-        choice["finish_reason"] = "tool_calls";
-    }
-  }
-  return choice;
-}
-
-// A stream's events for what one job produced since the last call: its text
-// and logprobs; once it is done, its tool calls and its finish_reason.
-// Writer thread only (it keeps the job's stream state).
-std::string Server::Impl::stream_chunks(Job& j, std::string text, json lp, bool done) const {
-  // Tools: text that is or may become a call waits; at the end the calls go
-  // out as OpenAI streams them, each whole in one delta.
-  json calls;
-  if (j.tools) {
-    j.tool_held += text;
-    text.clear();
-    if (!done) {
-      const size_t safe = std::max(j.tool_sent, tool_text_prefix(*j.tools, j.tool_held));
-      text = j.tool_held.substr(j.tool_sent, safe - j.tool_sent);
-      j.tool_sent = safe;
-    } else {
-      ToolReply r = parse_tool_calls(*j.tools, j.tool_held, call_id_prefix(j));
-      if (r.calls.empty()) {
-        text = j.tool_held.substr(j.tool_sent);
-      } else {
-        // The content not yet sent: what follows the text before the call.
-        std::string_view before = std::string_view(j.tool_held).substr(0, j.tool_sent);
-        while (!before.empty() && std::isspace(static_cast<unsigned char>(before.front())))
-          before.remove_prefix(1);
-        if (r.content.starts_with(before)) text = r.content.substr(before.size());
-        if (!j.parallel_tool_calls && r.calls.size() > 1)
-          r.calls.erase(r.calls.begin() + 1, r.calls.end());
-        calls = std::move(r.calls);
-        for (size_t i = 0; i < calls.size(); ++i) calls[i]["index"] = i;
-      }
-      j.tool_sent = j.tool_held.size();
-    }
-  }
-  std::string out;
-  if (!j.role_sent || !text.empty() || !lp.empty()) {
-    json c = chunk_json(j, o.model_id, &text, nullptr, !j.role_sent);
-    if (j.top_logprobs >= 0 && !lp.empty()) c["choices"][0]["logprobs"] = logprobs_json(j.kind, lp);
-    out += sse(c);
-    j.role_sent = true;
-  }
-  if (!done) return out;
-  const char* finish = openai_finish_reason(j.finish);
-  if (!calls.is_null()) {
-    json c = chunk_json(j, o.model_id, nullptr, nullptr, false);
-    c["choices"][0]["delta"]["tool_calls"] = calls;
-    out += sse(c);
-    if (j.finish != FinishReason::kLength && j.finish != FinishReason::kContext)
-      finish = "tool_calls";
-  }
-  out += sse(chunk_json(j, o.model_id, nullptr, finish, false));
-  j.finish_sent = true;
-  return out;
 }
 
 std::string Server::Impl::metrics_text() {

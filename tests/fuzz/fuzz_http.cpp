@@ -5,7 +5,10 @@
 // validated by the model-free field checks (messages, stop), and whatever is
 // refused becomes the JSON error body a client would get. Nothing may crash,
 // throw anything but the ApiError of a refusal, or produce an error body that
-// is not valid UTF-8 JSON.
+// is not valid UTF-8 JSON. Each message's text is also read as a reply in
+// every tool-call syntax (the calls found must be JSON text with a name; the
+// streamable prefix within the text), and "tools" become the grammar of a
+// call, which must parse wherever the schema converter accepts the tools.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -14,12 +17,28 @@
 
 #include <nlohmann/json.hpp>
 
+#include "barata/error.h"
+#include "barata/grammar.h"
 #include "server/http_front.h"
 #include "server/openai_request.h"
 #include "barata/file_io.h"
 #include "server/safe_text.h"
+#include "server/tool_calls.h"
 
 namespace {
+
+// A message's text as a model's reply, in each syntax.
+void check_tool_reply(std::string_view text) {
+  using barata::openai::ToolSyntax;
+  for (ToolSyntax s : {ToolSyntax::kHermes, ToolSyntax::kLlama3, ToolSyntax::kMistral}) {
+    if (barata::openai::tool_text_prefix(s, text) > text.size()) std::abort();
+    const auto r = barata::openai::parse_tool_calls(s, text, "c");
+    for (const auto& c : r.calls) {
+      if (!c.at("function").at("name").is_string()) std::abort();
+      (void)nlohmann::json::parse(c["function"].at("arguments").get<std::string>());
+    }
+  }
+}
 
 void check_error_body(const std::string& body) {
   if (!barata::net::valid_utf8(body)) std::abort();
@@ -50,12 +69,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const auto j = openai::parse_body(body);
     if (j.is_object()) {
-      openai::check_known(j, {"messages", "stop", "max_tokens", "temperature", "n"});
+      openai::check_known(j, {"messages", "stop", "max_tokens", "temperature", "n", "tools"});
       openai::parse_stop(j);
-      if (j.contains("messages")) openai::parse_messages(j);
+      if (j.contains("messages"))
+        for (const ChatMessage& m : openai::parse_messages(j)) check_tool_reply(m.content);
+      const auto& tools = openai::field(j, "tools");
+      if (tools.is_array() && !tools.empty() && tools.size() <= 4) {
+        bool shaped = true;
+        for (const auto& t : tools)
+          shaped =
+              shaped && t.is_object() && t.contains("function") && t["function"].is_object() &&
+              t["function"].contains("name") && t["function"]["name"].is_string() &&
+              (!t["function"].contains("parameters") || t["function"]["parameters"].is_object());
+        if (shaped) {
+          std::string gbnf;
+          try {
+            gbnf = openai::tool_call_gbnf(openai::ToolSyntax::kHermes,
+                                          nlohmann::ordered_json::parse(tools.dump()), nullptr);
+          } catch (const Error&) {  // a schema keyword the converter refuses
+          }
+          if (!gbnf.empty()) (void)Grammar::parse(gbnf);  // throws (and so fails) when invalid
+        }
+      }
       openai::integer_in(j, "max_tokens", 1, 1 << 20);
       openai::number_in(j, "temperature", 0, 2);
-      openai::only_default(j, "n", 1);
+      openai::integer_in(j, "n", 1, 16);
     }
   } catch (const openai::ApiError& e) {
     check_error_body(

@@ -62,7 +62,7 @@ with Server("--slots", "4", "-t", "2") as s:
           f"stop=['8']: {stopped.choices[0].text!r}")
 
     for kwargs, what in [({"max_tokens": -1}, "a negative max_tokens"),
-                         ({"n": 2}, "n=2"),
+                         ({"n": 17}, "n=17"),
                          ({"temperature": 5}, "temperature 5"),
                          ({"extra_body": {"bogus": 1}}, "an unknown field")]:
         try:
