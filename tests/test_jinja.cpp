@@ -1,4 +1,4 @@
-// barata's Jinja interpreter (src/jinja.cpp) on cases whose expected output
+// barata's Jinja interpreter (src/jinja/) on cases whose expected output
 // is Python's jinja2 3.1.4 configured as transformers renders chat templates
 // (trim_blocks, lstrip_blocks, loop controls, json.dumps-based tojson); the
 // real templates of the models and families are compared against jinja2

@@ -1,5 +1,5 @@
 // barata template: a chat template rendered by barata's Jinja interpreter
-// (src/jinja.cpp), for checking it against Python's jinja2. The template is
+// (src/jinja/), for checking it against Python's jinja2. The template is
 // a file's (--file) or a model's tokenizer.chat_template (-m); the variables
 // are a JSON object (--context FILE, default {}). --source prints the
 // model's template instead.
