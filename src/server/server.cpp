@@ -858,8 +858,11 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
         if (e) {
           out += sse(error_body(*e));
         } else {
+          // A sample that failed is told in the request's error at the end.
           for (size_t i = 0; i < group.size(); ++i)
-            if (!group[i]->finish_sent)
+            if (!group[i]->finish_sent &&
+                !(taken[i].done && (group[i]->finish == FinishReason::kError ||
+                                    group[i]->finish == FinishReason::kCancelled)))
               out += stream_chunks(*group[i], o.model_id, std::move(taken[i].text),
                                    std::move(taken[i].lp), taken[i].done);
           if (finished && job->include_usage) {
