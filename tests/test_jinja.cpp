@@ -101,6 +101,43 @@ TEST(Jinja, HostileTemplatesAreRefusedNotCrashed) {
   EXPECT_NE(error_of("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}").find("nest too deeply"),
             std::string::npos);
   EXPECT_NE(error_of("{{ range(100000000)|length }}").find("range() too long"), std::string::npos);
+  // Time and memory: loops, strings, lists and the output are bounded.
+  EXPECT_NE(error_of("{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}"
+                     "{% endfor %}")
+                .find("loop iterations"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ 'x' * 1000000000000 }}").find("over 16 MiB"), std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace(s='ab') %}{% for i in range(40) %}"
+                     "{% set ns.s = ns.s ~ ns.s %}{% endfor %}")
+                .find("over 16 MiB"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace(l=[1]) %}{% for i in range(40) %}"
+                     "{% set ns.l = ns.l + ns.l %}{% endfor %}")
+                .find("list of over"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% for i in range(99999) %}{{ 'y' * 1000 }}{% endfor %}").find("over 16 MiB"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ 'a,b'.replace('a', 'x' * 1000000).replace('x', 'y' * 20) }}")
+                .find("over 16 MiB"),
+            std::string::npos);
+}
+
+TEST(Jinja, IntegersAsPythonOrAnOverflowError) {
+  EXPECT_EQ(
+      render("{{ -7 // 2 }} {{ 7 // -2 }} {{ 7 % -2 }} {{ -7 % 3 }} {{ 2 ** 62 }} {{ 2 ** -1 }} "
+             "{{ 9223372036854775806 + 1 }} {{ True + True }} {{ 0 ** 100 }} {{ (-1) ** 101 }}"),
+      "-4 -4 -1 2 4611686018427387904 0.5 9223372036854775807 2 0 -1");
+  for (const char* t : {"{{ 9223372036854775807 + 1 }}", "{{ -9223372036854775807 - 2 }}",
+                        "{{ 4294967296 * 4294967296 }}", "{{ 2 ** 64 }}", "{{ 3 ** 1000000 }}",
+                        "{{ (-9223372036854775807 - 1) // -1 }}"})
+    EXPECT_NE(error_of(t).find("integer overflow"), std::string::npos) << t;
+  EXPECT_EQ(render("{{ (-9223372036854775807 - 1) % -1 }}"), "0");
+  EXPECT_NE(error_of("{{ (-9223372036854775807 - 1)|abs }}").find("integer overflow"),
+            std::string::npos);
+  EXPECT_EQ(render("{{ 3.7|int }} {{ (-3.7)|int }} {{ range(-5, 9223372036854775807, "
+                   "9223372036854775807)|list }}"),
+            "3 -3 [-5, 9223372036854775802]");
+  EXPECT_NE(error_of("{{ 1e300|int }}").find("does not fit a 64-bit integer"), std::string::npos);
 }
 
 }  // namespace

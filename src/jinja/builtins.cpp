@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <ctime>
 #include <functional>
+#include <limits>
 #include <map>
 #include <utility>
 #include <vector>
@@ -116,7 +117,8 @@ Value apply_filter(Ctx& c, const std::string& name, const Value& v, Args& a, int
         return arg(a, 0, "default", Value(int64_t{0}));
       }
     }
-    return v.is_num() ? Value(static_cast<int64_t>(v.num()))
+    if (v.t == T::kInt) return v;
+    return v.is_num() ? Value(to_int(std::trunc(v.num()), line))
                       : arg(a, 0, "default", Value(int64_t{0}));
   }
   if (name == "float") {
@@ -130,7 +132,10 @@ Value apply_filter(Ctx& c, const std::string& name, const Value& v, Args& a, int
     return Value(v.is_num() ? v.num() : 0.0);
   }
   if (name == "abs") {
-    if (v.t == T::kInt) return Value(v.i < 0 ? -v.i : v.i);
+    if (v.t == T::kInt) {
+      if (v.i == std::numeric_limits<int64_t>::min()) err(line, "integer overflow in abs()");
+      return Value(v.i < 0 ? -v.i : v.i);
+    }
     return Value(std::fabs(v.num()));
   }
   if (name == "replace")

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <ctime>
 #include <functional>
+#include <limits>
 #include <map>
 #include <utility>
 #include <vector>
@@ -183,7 +184,13 @@ struct Unary final : Expr {
     const Value v = e->eval(c);
     if (op == '!') return Value(!truthy(v));
     if (!v.is_num()) err(line, fmt::format("bad operand for unary {}", op));
-    if (op == '-') return v.t == T::kFloat ? Value(-v.f) : Value(-static_cast<int64_t>(v.num()));
+    if (op == '-') {
+      if (v.t == T::kFloat) return Value(-v.f);
+      if (v.t == T::kBool) return Value(-static_cast<int64_t>(v.b));
+      if (v.i == std::numeric_limits<int64_t>::min())
+        err(line, fmt::format("integer overflow in -({})", v.i));
+      return Value(-v.i);
+    }
     return v;
   }
 };
@@ -217,16 +224,27 @@ struct Binary final : Expr {
     if (op == ">=") return Value(compare(x, y, line) >= 0);
     if (op == "in") return Value(contains(y, x, line));
     if (op == "not in") return Value(!contains(y, x, line));
-    if (op == "~") return Value(str(x) + str(y));
+    if (op == "~") {
+      std::string o = str(x) + str(y);
+      check_bytes(o.size(), line);
+      return Value(std::move(o));
+    }
     if (op == "+") {
-      if (x.t == T::kStr && y.t == T::kStr) return Value(x.s + y.s);
+      if (x.t == T::kStr && y.t == T::kStr) {
+        check_bytes(x.s.size() + y.s.size(), line);
+        return Value(x.s + y.s);
+      }
       if (x.t == T::kArr && y.t == T::kArr) {
+        if (x.a->size() + y.a->size() > kMaxItems)
+          err(line, fmt::format("a list of over {} items", kMaxItems));
         Array a = *x.a;
         a.insert(a.end(), y.a->begin(), y.a->end());
         return Value(std::move(a));
       }
     }
     if (op == "*" && x.t == T::kStr && y.t == T::kInt) {
+      if (y.i > 0 && !x.s.empty())
+        check_bytes(x.s.size() * std::min<uint64_t>(y.i, kMaxBytes + 1), line);
       std::string o;
       for (int64_t k = 0; k < y.i; ++k) o += x.s;
       return Value(o);
@@ -234,27 +252,52 @@ struct Binary final : Expr {
     if (!x.is_num() || !y.is_num())
       err(line, fmt::format("unsupported operand types for {}: {} and {}", op, str(x, true),
                             str(y, true)));
-    const bool ints = x.t != T::kFloat && y.t != T::kFloat;
+    if (x.t != T::kFloat && y.t != T::kFloat)
+      return int_op(x.t == T::kBool ? x.b : x.i, y.t == T::kBool ? y.b : y.i);
     const double a = x.num(), b = y.num();
-    if (op == "+")
-      return ints ? Value(static_cast<int64_t>(a) + static_cast<int64_t>(b)) : Value(a + b);
-    if (op == "-")
-      return ints ? Value(static_cast<int64_t>(a) - static_cast<int64_t>(b)) : Value(a - b);
-    if (op == "*")
-      return ints ? Value(static_cast<int64_t>(a) * static_cast<int64_t>(b)) : Value(a * b);
+    if (op == "+") return Value(a + b);
+    if (op == "-") return Value(a - b);
+    if (op == "*") return Value(a * b);
     if (b == 0 && (op == "/" || op == "//" || op == "%")) err(line, "division by zero");
     if (op == "/") return Value(a / b);
-    if (op == "//")
-      return ints ? Value(static_cast<int64_t>(std::floor(a / b))) : Value(std::floor(a / b));
-    if (op == "%") {
-      if (ints) {
-        const int64_t m = static_cast<int64_t>(a) % static_cast<int64_t>(b);
-        return Value(m != 0 && ((m < 0) != (b < 0)) ? m + static_cast<int64_t>(b) : m);
+    if (op == "//") return Value(std::floor(a / b));
+    if (op == "%") return Value(a - b * std::floor(a / b));
+    if (op == "**") return Value(std::pow(a, b));
+    err(line, fmt::format("unknown operator {}", op));
+  }
+
+  // Integer arithmetic as Python's, except that a result outside 64 bits is
+  // an error (Python would grow the integer).
+  Value int_op(int64_t a, int64_t b) const {
+    int64_t r = 0;
+    auto overflow = [&] { err(line, fmt::format("integer overflow in {} {} {}", a, op, b)); };
+    if (op == "+") return __builtin_add_overflow(a, b, &r) ? (overflow(), Value()) : Value(r);
+    if (op == "-") return __builtin_sub_overflow(a, b, &r) ? (overflow(), Value()) : Value(r);
+    if (op == "*") return __builtin_mul_overflow(a, b, &r) ? (overflow(), Value()) : Value(r);
+    if (b == 0 && (op == "/" || op == "//" || op == "%")) err(line, "division by zero");
+    if (op == "/") return Value(static_cast<double>(a) / static_cast<double>(b));
+    if (op == "//" || op == "%") {
+      if (a == std::numeric_limits<int64_t>::min() && b == -1) {
+        if (op == "%") return Value(int64_t{0});
+        overflow();
       }
-      return Value(a - b * std::floor(a / b));
+      const int64_t q = a / b, m = a % b;
+      const bool adjust = m != 0 && ((m < 0) != (b < 0));  // floor, as Python
+      if (op == "//") return Value(adjust ? q - 1 : q);
+      return Value(adjust ? m + b : m);
     }
-    if (op == "**")
-      return ints && b >= 0 ? Value(static_cast<int64_t>(std::pow(a, b))) : Value(std::pow(a, b));
+    if (op == "**") {
+      if (b < 0) return Value(std::pow(static_cast<double>(a), static_cast<double>(b)));
+      int64_t result = 1, base = a;
+      for (int64_t e = b; e > 0; e >>= 1) {
+        if ((e & 1) && __builtin_mul_overflow(result, base, &result)) overflow();
+        if (e > 1 && __builtin_mul_overflow(base, base, &base)) {
+          if (result == 0) break;
+          overflow();
+        }
+      }
+      return Value(result);
+    }
     err(line, fmt::format("unknown operator {}", op));
   }
 };
@@ -633,11 +676,17 @@ struct Seq final : Node {
 };
 struct Text final : Node {
   std::string s;
-  void render(Ctx&, std::string& out) const override { out += s; }
+  void render(Ctx&, std::string& out) const override {
+    out += s;
+    check_bytes(out.size(), line);
+  }
 };
 struct Output final : Node {
   ExprP e;
-  void render(Ctx& c, std::string& out) const override { out += str(e->eval(c)); }
+  void render(Ctx& c, std::string& out) const override {
+    out += str(e->eval(c));
+    check_bytes(out.size(), line);
+  }
 };
 struct If final : Node {
   std::vector<std::pair<ExprP, std::unique_ptr<Seq>>> branches;  // null cond: else
@@ -674,6 +723,7 @@ struct For final : Node {
       Array kept;
       c.scopes.emplace_back();
       for (const Value& x : items) {
+        count_step(c, line);
         bind(x);
         if (truthy(filter->eval(c))) kept.push_back(x);
       }
@@ -687,6 +737,7 @@ struct For final : Node {
     c.scopes.emplace_back();
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < n; ++k) {
+      count_step(c, line);
       bind(items[static_cast<size_t>(k)]);
       Object loop = {{"index", Value(k + 1)},
                      {"index0", Value(k)},
@@ -755,6 +806,7 @@ struct Macro final : Node {
     const Macro* self = this;
     c.set(name, Value::func([cp, self](Args& a) {
             Ctx& c2 = *cp;
+            count_step(c2, self->line);
             if (++c2.depth > 64)
               err(self->line, fmt::format("macro '{}' calls nest too deeply", self->name));
             std::map<std::string, Value, std::less<>> scope;
@@ -1001,7 +1053,7 @@ std::string Template::render(const nlohmann::ordered_json& context) const {
   g["range"] = Value::func([](Args& a) {
     int64_t lo = 0, hi = 0, st = 1;
     auto geti = [&](size_t k) {
-      return a.pos[k].t == T::kInt ? a.pos[k].i : static_cast<int64_t>(a.pos[k].num());
+      return a.pos[k].t == T::kInt ? a.pos[k].i : to_int(a.pos[k].num(), 0);
     };
     if (a.pos.size() == 1) hi = geti(0);
     if (a.pos.size() >= 2) {
@@ -1011,9 +1063,10 @@ std::string Template::render(const nlohmann::ordered_json& context) const {
     if (a.pos.size() >= 3) st = geti(2);
     if (st == 0) fail("template: range() step is zero");
     Array out;
-    for (int64_t k = lo; st > 0 ? k < hi : k > hi; k += st) {
+    for (int64_t k = lo; st > 0 ? k < hi : k > hi;) {
       out.emplace_back(k);
       if (out.size() > 100000) fail("template: range() too long (over 100000 items)");
+      if (__builtin_add_overflow(k, st, &k)) break;  // past every int64: the range ends
     }
     return Value(std::move(out));
   });

@@ -24,6 +24,22 @@ namespace barata::jinja {
   fail("template: {}", what);
 }
 
+void count_step(Ctx& c, int line) {
+  if (++c.steps > kMaxSteps)
+    err(line,
+        fmt::format("the rendering takes over {} loop iterations and macro calls", kMaxSteps));
+}
+
+int64_t to_int(double d, int line) {
+  if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0))
+    err(line, fmt::format("{} does not fit a 64-bit integer", py_float(d)));
+  return static_cast<int64_t>(d);
+}
+
+void check_bytes(size_t n, int line) {
+  if (n > kMaxBytes) err(line, fmt::format("a string of over {} MiB", kMaxBytes >> 20));
+}
+
 bool truthy(const Value& v) {
   switch (v.t) {
     case T::kUndef:
@@ -358,6 +374,7 @@ std::string replace_all(std::string s, const std::string& a, const std::string& 
     const size_t at = s.find(a, pos);
     if (at == std::string::npos) break;
     o += s.substr(pos, at - pos) + b;
+    check_bytes(o.size(), 0);
     pos = at + a.size();
   }
   return o + s.substr(pos);

@@ -73,13 +73,22 @@ struct Value {
 
 using T = Value::T;
 
+// Bounds on what one rendering may build, so that a hostile file's template
+// ends with an error instead of exhausting memory or time: the bytes of a
+// string or of the output, the items of a list, and the loop iterations and
+// macro calls (steps). Real chat templates stay far below them.
+inline constexpr size_t kMaxBytes = size_t{16} << 20;
+inline constexpr size_t kMaxItems = 1000000;
+inline constexpr int64_t kMaxSteps = 1000000;
+
 // Whitespace as Python's str.strip() sees it.
 inline const std::string kSpace = " \t\n\r\f\v";
 
 struct Ctx {
   std::vector<std::map<std::string, Value, std::less<>>> scopes;
-  int loop_ctl = 0;  // 1 break, 2 continue
-  int depth = 0;     // macro calls
+  int loop_ctl = 0;   // 1 break, 2 continue
+  int depth = 0;      // macro calls
+  int64_t steps = 0;  // loop iterations and macro calls so far (kMaxSteps)
   Value lookup(std::string_view n) const {
     for (auto it = scopes.rbegin(); it != scopes.rend(); ++it) {
       auto f = it->find(n);
@@ -94,6 +103,12 @@ struct Ctx {
 
 // Throws barata::Error "template: line N: what" (or without a line).
 [[noreturn]] void err(int line, std::string_view what);
+// One more loop iteration or macro call; an error past kMaxSteps.
+void count_step(Ctx& c, int line);
+// A float as a 64-bit integer; an error outside that range (or NaN).
+int64_t to_int(double d, int line);
+// An error when a string, or the output, of n bytes would pass kMaxBytes.
+void check_bytes(size_t n, int line);
 bool truthy(const Value& v);
 std::string py_float(double d);
 std::string json_str(const std::string& s);
