@@ -49,8 +49,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (out.size() > (size_t{16} << 20) + (size_t{1} << 20)) std::abort();
       size_t last = 0;
       for (const auto& r : ranges)  // sorted, disjoint, inside the prompt
-        if (r.begin < last || r.end < r.begin || r.end > out.size()) std::abort();
-        else last = r.end;
+        if (r.begin < last || r.end < r.begin || r.end > out.size())
+          std::abort();
+        else
+          last = r.end;
     }
   } catch (const barata::Error&) {
   }
