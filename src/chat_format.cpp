@@ -51,6 +51,11 @@ ojson messages_json(const std::vector<ChatMessage>& messages,
   return out;
 }
 
+// A token's text, or "" when the vocabulary has no such token.
+std::string text_of(const Tokenizer& tok, int32_t id) {
+  return id >= 0 ? tok.token_text(id) : "";
+}
+
 // Sorted, disjoint ranges (overlapping or touching ones merged).
 void normalize(std::vector<TextRange>& r) {
   std::sort(r.begin(), r.end(),
@@ -81,10 +86,14 @@ ChatFormatter ChatFormatter::from_jinja(std::string_view source, std::string bos
   return c;
 }
 
+ChatFormatter ChatFormatter::from_jinja(std::string_view source, const Tokenizer& tok) {
+  return from_jinja(source, text_of(tok, tok.bos_id()), text_of(tok, tok.eos_id()),
+                    tok.add_bos_default());
+}
+
 std::optional<ChatFormatter> ChatFormatter::for_tokenizer(const Tokenizer& tok, std::string* why) {
-  return for_template(tok.chat_template(), tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : "",
-                      tok.eos_id() >= 0 ? tok.token_text(tok.eos_id()) : "", tok.add_bos_default(),
-                      why);
+  return for_template(tok.chat_template(), text_of(tok, tok.bos_id()), text_of(tok, tok.eos_id()),
+                      tok.add_bos_default(), why);
 }
 
 std::optional<ChatFormatter> ChatFormatter::for_template(std::string_view src,

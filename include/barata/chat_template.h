@@ -61,6 +61,9 @@ class ChatFormatter {
   // Throws barata::Error "template: line N: ..." when it does not parse.
   static ChatFormatter from_jinja(std::string_view source, std::string bos_token,
                                   std::string eos_token, bool strip_bos);
+  // The same with the vocabulary's BOS and EOS token texts, the BOS stripped
+  // when the tokenizer adds it.
+  static ChatFormatter from_jinja(std::string_view source, const Tokenizer& tok);
   // The file's own template, when barata's interpreter parses it and renders a
   // one-message conversation; otherwise the family its markers name, and
   // `*why` says why the template was not used. nullopt when neither works

@@ -105,10 +105,7 @@ ToolReply parse_tool_calls(ToolSyntax s, std::string_view text, std::string_view
       std::string_view t = trim(text);
       if (t.starts_with(kPythonTag)) t = trim(t.substr(kPythonTag.size()));
       json c = t.starts_with("{") ? call_of(parse_or_null(t), id_prefix, 0) : json(nullptr);
-      if (c.is_null())
-        r.content = std::string(text);
-      else
-        r.calls.push_back(std::move(c));
+      if (!c.is_null()) r.calls.push_back(std::move(c));
       break;
     }
     case ToolSyntax::kMistral: {
@@ -126,17 +123,15 @@ ToolReply parse_tool_calls(ToolSyntax s, std::string_view text, std::string_view
           }
           calls.push_back(std::move(c));
         }
-      if (!arr.is_array() || calls.is_null() || calls.empty()) {
-        r.content = std::string(text);
-      } else {
+      if (arr.is_array() && !calls.is_null() && !calls.empty()) {
         r.content = std::string(text.substr(0, open));
         r.calls = std::move(calls);
       }
       break;
     }
   }
-  const std::string_view c = trim(r.content);
-  r.content = r.calls.empty() ? std::string(text) : std::string(c);
+  // No call: the whole reply is text, as written; else the text around the calls.
+  r.content = r.calls.empty() ? std::string(text) : std::string(trim(r.content));
   return r;
 }
 

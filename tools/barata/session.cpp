@@ -212,9 +212,7 @@ std::shared_ptr<const ChatFormatter> choose_chat_format(const std::string& name,
   if (!file.empty()) {
     const std::string src = read_regular_file(file, "chat template file");
     try {
-      return std::make_shared<const ChatFormatter>(ChatFormatter::from_jinja(
-          src, s.tok.bos_id() >= 0 ? s.tok.token_text(s.tok.bos_id()) : "",
-          s.tok.eos_id() >= 0 ? s.tok.token_text(s.tok.eos_id()) : "", s.tok.add_bos_default()));
+      return std::make_shared<const ChatFormatter>(ChatFormatter::from_jinja(src, s.tok));
     } catch (const Error& e) {
       fail("--chat-template-file {}: {}", file, e.what());
     }
